@@ -1,0 +1,60 @@
+#pragma once
+// The seam between models and devices. Models are written once against this interface; the
+// CPU implementation (backend/cpu) and the CUDA one (backend/cuda) supply the ops. Every op
+// works on 2-D views (see tensor.h); "per head" ops take the head size.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "io/safetensors.h"
+#include "model/rope.h"
+
+namespace dflash {
+
+enum class AttentionMask {
+  Causal,  // query t (at position pos0 + t) sees keys 0 … pos0 + t
+  None,    // every query sees every key (the drafter's block)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual DeviceKind device() const = 0;
+  // The dtype activations and caches are kept in (F32 on the CPU, BF16 on the GPU).
+  virtual DType activation_dtype() const = 0;
+
+  virtual Tensor alloc(int64_t rows, int64_t cols, DType dtype) = 0;
+  // A weight in the backend's compute format. Several tensors are concatenated along rows
+  // (fused q/k/v and gate/up projections).
+  virtual Tensor upload_weight(const std::vector<const TensorInfo*>& parts) = 0;
+  virtual Tensor upload(const float* host, int64_t rows, int64_t cols) = 0;
+  virtual void download(const Tensor& t, float* host) = 0;  // rows × cols, packed
+
+  // y = x · wᵀ, or y += x · wᵀ when accumulate.  x [M, K], w [N, K], y [M, N].
+  virtual void matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate = false) = 0;
+  // Each group of `group` consecutive elements of a row is RMS-normalised and scaled by w[group].
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) = 0;
+  // Rotates each head of x in place (rotate-half convention) at the given positions.
+  virtual void rope(Tensor& x, const std::vector<int32_t>& positions, int64_t head_dim,
+                    const RopeTable& table) = 0;
+  // out[t] = softmax(q[t]·kᵀ · head_dim^-0.5) · v over keys 0 … kv_len − 1, with GQA.
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len,
+                         int64_t q_pos0, int64_t head_dim, AttentionMask mask, Tensor& out) = 0;
+  // gate_up [T, 2I] (gate then up) → out [T, I] = silu(gate) * up.
+  virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
+  virtual void embed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& out) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape, any strides
+  virtual void add(const Tensor& x, Tensor& y) = 0;       // y += x
+  virtual std::vector<int32_t> argmax_rows(const Tensor& x) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// Null when this build has no CUDA backend or no GPU is present.
+std::unique_ptr<Backend> make_cuda_backend();
+// "cpu", "cuda" or "auto" (CUDA when available).
+std::unique_ptr<Backend> make_backend(const std::string& which);
+
+}  // namespace dflash

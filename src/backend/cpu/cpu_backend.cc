@@ -1,0 +1,242 @@
+// The CPU backend: f32 activations and weights (bf16/f16 checkpoints are widened once at
+// load), OpenBLAS for the matrix products, OpenMP for the loops that are not matrix products.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "backend/backend.h"
+#include "util/error.h"
+
+namespace dflash {
+
+namespace {
+
+Tensor make_host_tensor(int64_t rows, int64_t cols, DType dtype) {
+  Tensor t;
+  const size_t bytes = std::max<size_t>(1, rows * cols * dtype_size(dtype));
+  // 64-byte alignment keeps AVX-512 loads on one cache line.
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+  t.storage = std::shared_ptr<void>(p, std::free);
+  t.data = p;
+  t.dtype = dtype;
+  t.device = DeviceKind::CPU;
+  t.rows = rows;
+  t.cols = cols;
+  t.ld = cols;
+  return t;
+}
+
+void check_f32(const Tensor& t, const char* op) {
+  if (t.dtype != DType::F32) throw Error(std::string("cpu ") + op + ": expected F32, got " + t.describe());
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  DeviceKind device() const override { return DeviceKind::CPU; }
+  DType activation_dtype() const override { return DType::F32; }
+
+  Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
+    return make_host_tensor(rows, cols, dtype);
+  }
+
+  Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
+    int64_t rows = 0, cols = -1;
+    for (const auto* p : parts) {
+      const int64_t r = p->shape.size() == 1 ? 1 : p->shape[0];
+      const int64_t c = p->shape.size() == 1 ? p->shape[0] : p->numel() / p->shape[0];
+      if (cols >= 0 && c != cols) throw Error("cannot fuse '" + p->name + "': column count differs");
+      cols = c;
+      rows += r;
+    }
+    Tensor t = make_host_tensor(rows, cols, DType::F32);
+    float* dst = t.ptr<float>();
+    for (const auto* p : parts) {
+      convert_to_f32(p->dtype, p->data, dst, p->numel());
+      dst += p->numel();
+    }
+    return t;
+  }
+
+  Tensor upload(const float* host, int64_t rows, int64_t cols) override {
+    Tensor t = make_host_tensor(rows, cols, DType::F32);
+    std::memcpy(t.data, host, rows * cols * sizeof(float));
+    return t;
+  }
+
+  void download(const Tensor& t, float* host) override {
+    check_f32(t, "download");
+    for (int64_t r = 0; r < t.rows; ++r)
+      std::memcpy(host + r * t.cols, t.ptr<float>() + r * t.ld, t.cols * sizeof(float));
+  }
+
+  void matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) override {
+    check_f32(x, "matmul");
+    check_f32(w, "matmul");
+    check_f32(y, "matmul");
+    if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
+      throw Error("cpu matmul: shapes " + x.describe() + " · " + w.describe() + "ᵀ → " + y.describe());
+    if (x.rows == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, w.rows, w.cols, 1.0f, w.ptr<float>(), w.ld,
+                  x.ptr<float>(), 1, accumulate ? 1.0f : 0.0f, y.ptr<float>(), 1);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, x.rows, w.rows, x.cols, 1.0f, x.ptr<float>(),
+                x.ld, w.ptr<float>(), w.ld, accumulate ? 1.0f : 0.0f, y.ptr<float>(), y.ld);
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) override {
+    check_f32(x, "rms_norm");
+    if (x.cols % group || w.numel() != group)
+      throw Error("cpu rms_norm: " + x.describe() + " with groups of " + std::to_string(group));
+    const int64_t groups = x.cols / group;
+    const float* wp = w.ptr<float>();
+#pragma omp parallel for collapse(2) if (x.rows * x.cols > 16384)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* in = x.ptr<float>() + r * x.ld + g * group;
+        float* out = y.ptr<float>() + r * y.ld + g * group;
+        float ss = 0.f;
+        for (int64_t i = 0; i < group; ++i) ss += in[i] * in[i];
+        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(group) + eps);
+        for (int64_t i = 0; i < group; ++i) out[i] = wp[i] * (in[i] * inv);
+      }
+    }
+  }
+
+  void rope(Tensor& x, const std::vector<int32_t>& positions, int64_t head_dim,
+            const RopeTable& table) override {
+    check_f32(x, "rope");
+    if (static_cast<int64_t>(positions.size()) != x.rows)
+      throw Error("cpu rope: " + std::to_string(positions.size()) + " positions for " + x.describe());
+    const int64_t half = head_dim / 2, heads = x.cols / head_dim;
+    for (int64_t r = 0; r < x.rows; ++r) {
+      if (positions[r] < 0 || positions[r] >= table.size()) throw Error("cpu rope: position outside the table");
+      const float* c = table.cos(positions[r]);
+      const float* s = table.sin(positions[r]);
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x.ptr<float>() + r * x.ld + h * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * c[i] - b * s[i];
+          v[i + half] = b * c[i] + a * s[i];
+        }
+      }
+    }
+  }
+
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0,
+                 int64_t head_dim, AttentionMask mask, Tensor& out) override {
+    check_f32(q, "attention");
+    const int64_t hq = q.cols / head_dim, hkv = k.cols / head_dim, group = hq / hkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const int64_t T = q.rows;
+#pragma omp parallel
+    {
+      std::vector<float> scores(kv_len);
+      std::vector<float> acc(head_dim);
+#pragma omp for collapse(2) schedule(static)
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t h = 0; h < hq; ++h) {
+          const int64_t kvh = h / group;
+          const int64_t visible = mask == AttentionMask::Causal ? std::min(kv_len, q_pos0 + t + 1) : kv_len;
+          const float* qp = q.ptr<float>() + t * q.ld + h * head_dim;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < visible; ++j) {
+            const float* kp = k.ptr<float>() + j * k.ld + kvh * head_dim;
+            float d = 0.f;
+            for (int64_t i = 0; i < head_dim; ++i) d += qp[i] * kp[i];
+            scores[j] = d * scale;
+            mx = std::max(mx, scores[j]);
+          }
+          float sum = 0.f;
+          for (int64_t j = 0; j < visible; ++j) {
+            scores[j] = std::exp(scores[j] - mx);
+            sum += scores[j];
+          }
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int64_t j = 0; j < visible; ++j) {
+            const float* vp = v.ptr<float>() + j * v.ld + kvh * head_dim;
+            const float p = scores[j];
+            for (int64_t i = 0; i < head_dim; ++i) acc[i] += p * vp[i];
+          }
+          float* op = out.ptr<float>() + t * out.ld + h * head_dim;
+          const float inv = 1.0f / sum;
+          for (int64_t i = 0; i < head_dim; ++i) op[i] = acc[i] * inv;
+        }
+      }
+    }
+  }
+
+  void silu_mul(const Tensor& gate_up, Tensor& out) override {
+    const int64_t I = out.cols;
+#pragma omp parallel for if (out.numel() > 16384)
+    for (int64_t r = 0; r < out.rows; ++r) {
+      const float* g = gate_up.ptr<float>() + r * gate_up.ld;
+      const float* u = g + I;
+      float* o = out.ptr<float>() + r * out.ld;
+      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }
+
+  void embed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& out) override {
+    for (size_t r = 0; r < ids.size(); ++r) {
+      if (ids[r] < 0 || ids[r] >= table.rows)
+        throw Error("token id " + std::to_string(ids[r]) + " is outside the embedding table (" +
+                    std::to_string(table.rows) + " rows)");
+      std::memcpy(out.ptr<float>() + r * out.ld, table.ptr<float>() + ids[r] * table.ld,
+                  table.cols * sizeof(float));
+    }
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    if (src.rows != dst.rows || src.cols != dst.cols)
+      throw Error("cpu copy: " + src.describe() + " → " + dst.describe());
+    for (int64_t r = 0; r < src.rows; ++r)
+      std::memcpy(dst.ptr<float>() + r * dst.ld, src.ptr<float>() + r * src.ld, src.cols * sizeof(float));
+  }
+
+  void add(const Tensor& x, Tensor& y) override {
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* a = x.ptr<float>() + r * x.ld;
+      float* b = y.ptr<float>() + r * y.ld;
+      for (int64_t i = 0; i < x.cols; ++i) b[i] += a[i];
+    }
+  }
+
+  std::vector<int32_t> argmax_rows(const Tensor& x) override {
+    std::vector<int32_t> out(x.rows);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* p = x.ptr<float>() + r * x.ld;
+      out[r] = static_cast<int32_t>(std::max_element(p, p + x.cols) - p);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+#ifndef DFLASH_CUDA
+std::unique_ptr<Backend> make_cuda_backend() { return nullptr; }
+#endif
+
+std::unique_ptr<Backend> make_backend(const std::string& which) {
+  if (which == "cpu") return make_cpu_backend();
+  if (which == "cuda" || which == "auto") {
+    auto b = make_cuda_backend();
+    if (b) return b;
+    if (which == "cuda") throw Error("--device cuda: this build has no CUDA backend or no GPU is visible");
+    return make_cpu_backend();
+  }
+  throw Error("unknown device '" + which + "' (cpu, cuda, auto)");
+}
+
+}  // namespace dflash

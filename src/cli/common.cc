@@ -1,0 +1,119 @@
+#include "cli/common.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace dflash::cli {
+
+SamplingParams SamplingArgs::params() const {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.repetition_penalty = repetition_penalty;
+  p.presence_penalty = presence_penalty;
+  p.seed = seed;
+  return p;
+}
+
+std::vector<int32_t> LoadedModels::eos_ids() const {
+  std::vector<int32_t> ids;
+  for (int id : target->generation_config().eos_token_ids) ids.push_back(id);
+  return ids;
+}
+
+void add_model_options(CLI::App& app, ModelArgs& a) {
+  app.add_option("-m,--model", a.model_dir, "Target model directory (Hugging Face layout)")->required();
+  app.add_option("-d,--draft", a.draft_dir, "DFlash drafter directory: enables speculative decoding");
+  app.add_option("--device", a.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("-b,--block-size", a.block_size, "Speculative block size (2 to 32; default: the drafter's)")
+      ->check(CLI::Range(2, 32));
+  app.add_option("-c,--ctx-size", a.context_length, "Context length (default: the model's maximum)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-adaptive", a.no_adaptive, "Keep the block size fixed even when speculation does not pay");
+  app.add_option("-t,--threads", a.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+}
+
+void add_prompt_options(CLI::App& app, PromptArgs& a) {
+  app.add_option("-p,--prompt", a.text, "Prompt text");
+  app.add_option("--prompt-ids", a.ids, "Prompt as comma-separated token ids");
+  app.add_option("--stop", a.stop, "Stop string (repeatable)");
+}
+
+void add_sampling_options(CLI::App& app, SamplingArgs& a) {
+  app.add_option("--temperature", a.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", a.top_k, "0 = off")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", a.top_p)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--min-p", a.min_p)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--repetition-penalty", a.repetition_penalty);
+  app.add_option("--presence-penalty", a.presence_penalty);
+  app.add_option("--seed", a.seed);
+}
+
+LoadedModels load_models(const ModelArgs& a) {
+  if (a.threads > 0) {
+    omp_set_num_threads(a.threads);
+    openblas_set_num_threads(a.threads);
+  }
+  LoadedModels m;
+  m.backend = make_backend(a.device);
+  m.target = Qwen3Model::load(a.model_dir, *m.backend);
+  if (!a.draft_dir.empty()) {
+    std::vector<std::string> warnings;
+    m.drafter = DFlashDrafter::load(a.draft_dir, *m.target, &warnings);
+    for (const auto& w : warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
+  }
+  EngineOptions opts;
+  opts.block_size = a.block_size;
+  opts.context_length = a.context_length;
+  opts.adaptive = !a.no_adaptive;
+  m.engine = std::make_unique<Engine>(*m.target, m.drafter.get(), opts);
+  return m;
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& csv) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(csv);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v < 0 || v > INT32_MAX) throw Error("--prompt-ids: '" + item + "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+std::vector<int32_t> resolve_prompt(const PromptArgs& a, const LoadedModels& m) {
+  (void)m;
+  if (!a.ids.empty()) return parse_token_ids(a.ids);
+  if (!a.text.empty()) throw Error("--prompt: text prompts need the tokenizer (pending); use --prompt-ids");
+  throw Error("give a prompt with --prompt or --prompt-ids");
+}
+
+std::string render_output(const std::vector<int32_t>& tokens, const LoadedModels& m) {
+  (void)m;
+  std::string s;
+  for (size_t i = 0; i < tokens.size(); ++i) s += (i ? "," : "") + std::to_string(tokens[i]);
+  return s;
+}
+
+void attach_stop_strings(GenerationRequest& req, const std::vector<std::string>& stop, const LoadedModels& m) {
+  (void)req;
+  (void)m;
+  if (!stop.empty()) throw Error("--stop needs the tokenizer (pending)");
+}
+
+}  // namespace dflash::cli

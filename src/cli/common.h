@@ -1,0 +1,56 @@
+#pragma once
+// Options and loading shared by the subcommands that run a model (generate, bench, serve).
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/generation.h"
+#include "model/dflash_drafter.h"
+#include "model/qwen3.h"
+
+namespace dflash::cli {
+
+struct ModelArgs {
+  std::string model_dir;
+  std::string draft_dir;
+  std::string device = "cpu";
+  int block_size = 0;
+  int64_t context_length = 0;
+  bool no_adaptive = false;
+  int threads = 0;
+};
+
+struct PromptArgs {
+  std::string text;
+  std::string ids;  // comma-separated token ids
+  std::vector<std::string> stop;
+};
+
+struct SamplingArgs {
+  double temperature = 0.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0, presence_penalty = 0.0;
+  int top_k = 0;
+  uint64_t seed = 0;
+  SamplingParams params() const;
+};
+
+struct LoadedModels {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Qwen3Model> target;
+  std::unique_ptr<DFlashDrafter> drafter;
+  std::unique_ptr<Engine> engine;
+  std::vector<int32_t> eos_ids() const;
+};
+
+void add_model_options(CLI::App& app, ModelArgs& a);
+void add_prompt_options(CLI::App& app, PromptArgs& a);
+void add_sampling_options(CLI::App& app, SamplingArgs& a);
+
+LoadedModels load_models(const ModelArgs& a);
+std::vector<int32_t> parse_token_ids(const std::string& csv);
+std::vector<int32_t> resolve_prompt(const PromptArgs& a, const LoadedModels& m);
+std::string render_output(const std::vector<int32_t>& tokens, const LoadedModels& m);
+void attach_stop_strings(GenerationRequest& req, const std::vector<std::string>& stop, const LoadedModels& m);
+
+}  // namespace dflash::cli

@@ -1,0 +1,81 @@
+#include "engine/generation.h"
+
+#include <algorithm>
+
+#include "engine/output_sink.h"
+#include "util/error.h"
+
+namespace dflash {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+Engine::Engine(Qwen3Model& target, DFlashDrafter* drafter, EngineOptions options)
+    : target_(target), drafter_(drafter), options_(options) {
+  context_length_ = options.context_length > 0 ? options.context_length : target.config().max_position_embeddings;
+  block_size_ = options.block_size > 0 ? options.block_size : (drafter ? drafter->config().block_size : 1);
+  if (drafter && (block_size_ < 2 || block_size_ > 32))
+    throw Error("--block-size must be between 2 and 32, got " + std::to_string(block_size_));
+}
+
+void Engine::check_request(const GenerationRequest& r) const {
+  validate(r.sampling);
+  if (r.prompt.empty()) throw Error("the prompt is empty: at least one token is needed");
+  if (r.max_new_tokens < 1) throw Error("max_new_tokens must be at least 1, got " + std::to_string(r.max_new_tokens));
+  if (static_cast<int64_t>(r.prompt.size()) > context_length_)
+    throw Error("the prompt has " + std::to_string(r.prompt.size()) + " tokens, longer than the context of " +
+                std::to_string(context_length_));
+  const int vocab = target_.config().vocab_size;
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= vocab)
+      throw Error("prompt token id " + std::to_string(t) + " is outside the vocabulary (0 … " + std::to_string(vocab - 1) + ")");
+}
+
+GenerationResult Engine::generate(const GenerationRequest& r) {
+  return drafter_ ? generate_speculative(r) : generate_plain(r);
+}
+
+GenerationResult Engine::generate_plain(const GenerationRequest& r) {
+  check_request(r);
+  GenerationResult result;
+  OutputSink out(r, result);
+  GenerationStats& st = result.stats;
+  st.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  const int vocab = target_.config().vocab_size;
+  const int64_t capacity = std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens);
+  Rng rng(r.sampling.seed);
+  std::vector<float> logits(vocab);
+  Backend& b = target_.backend();
+
+  Stopwatch total;
+  SequenceState state = target_.new_sequence(capacity);
+  ForwardOutput fwd = target_.forward(state, r.prompt, false);
+  b.download(fwd.logits, logits.data());
+  int32_t token = choose_token(logits.data(), vocab, r.sampling, {&r.prompt, &out.tokens()}, rng);
+  st.prefill_seconds = total.seconds();
+  out.commit(token);
+  while (!out.done()) {
+    if (state.length() >= capacity) {
+      out.context_exhausted();
+      break;
+    }
+    Stopwatch step;
+    fwd = target_.forward(state, {token}, false);
+    b.download(fwd.logits, logits.data());
+    token = choose_token(logits.data(), vocab, r.sampling, {&r.prompt, &out.tokens()}, rng);
+    ++st.plain_steps;
+    st.plain_seconds += step.seconds();
+    out.commit(token);
+  }
+  st.generated_tokens = static_cast<int64_t>(result.tokens.size());
+  st.total_seconds = total.seconds();
+  return result;
+}
+
+}  // namespace dflash

@@ -1,0 +1,66 @@
+#pragma once
+// Requests, results and the two decoding loops: plain (one token a step) and DFlash
+// speculative (draft a block, verify it in one target pass, keep the longest correct prefix).
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/sampling.h"
+#include "engine/stats.h"
+#include "model/dflash_drafter.h"
+#include "model/qwen3.h"
+
+namespace dflash {
+
+enum class FinishReason { Stop, Length, Cancelled };
+const char* finish_reason_name(FinishReason r);
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int max_new_tokens = 128;
+  SamplingParams sampling;
+  std::vector<int32_t> eos_ids;  // the request ends right after any of these
+  // After each commit, with the whole output so far: true ends the request (stop strings).
+  std::function<bool(const std::vector<int32_t>& output)> stop_check;
+  // Streaming: the tokens just committed.
+  std::function<void(const int32_t* tokens, size_t n)> on_tokens;
+  std::function<bool()> cancelled;
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::Length;
+  GenerationStats stats;
+};
+
+struct EngineOptions {
+  int64_t context_length = 0;  // 0: the target's max_position_embeddings
+  int block_size = 0;          // 0: the drafter's block_size
+  bool adaptive = true;        // shorten the block / stop drafting when speculation does not pay
+};
+
+class Engine {
+ public:
+  Engine(Qwen3Model& target, DFlashDrafter* drafter, EngineOptions options = {});
+
+  // Speculative when a drafter is loaded, plain otherwise.
+  GenerationResult generate(const GenerationRequest& request);
+  GenerationResult generate_plain(const GenerationRequest& request);
+  GenerationResult generate_speculative(const GenerationRequest& request);
+
+  Qwen3Model& target() { return target_; }
+  DFlashDrafter* drafter() { return drafter_; }
+  int64_t context_length() const { return context_length_; }
+  int block_size() const { return block_size_; }
+
+ private:
+  void check_request(const GenerationRequest& r) const;
+  Qwen3Model& target_;
+  DFlashDrafter* drafter_;
+  EngineOptions options_;
+  int64_t context_length_;
+  int block_size_;
+};
+
+}  // namespace dflash

@@ -1,0 +1,60 @@
+#pragma once
+// Turning a row of logits into the next token the way transformers' generate does:
+// repetition penalty, then temperature, top-k, top-p and min-p, then a draw. The same
+// transforms produce the drafter's q and the target's p for speculative sampling.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace dflash {
+
+struct SamplingParams {
+  double temperature = 0.0;  // 0 → greedy
+  int top_k = 0;             // 0 → off
+  double top_p = 1.0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;  // over prompt and output, as transformers applies it
+  double presence_penalty = 0.0;    // over output tokens, as the OpenAI API defines it
+  uint64_t seed = 0;
+
+  bool greedy() const { return temperature <= 0.0; }
+};
+
+// Validates ranges; throws dflash::Error naming the parameter.
+void validate(const SamplingParams& p);
+
+// Reproducible draws: the same seed gives the same stream on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : engine_(seed) {}
+  double uniform() { return static_cast<double>(engine_() >> 11) * (1.0 / 9007199254740992.0); }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+// Token history a row's penalties look at: the prompt, and the output before this row.
+struct TokenHistory {
+  const std::vector<int32_t>* prompt = nullptr;
+  const std::vector<int32_t>* output = nullptr;
+  const int32_t* extra = nullptr;  // tokens after `output` (drafted, not yet committed)
+  int extra_count = 0;
+};
+
+// In place on one row of `vocab` logits.
+void apply_penalties(float* logits, int vocab, const SamplingParams& p, const TokenHistory& h);
+
+// The distribution the request samples from, after penalties and warpers; greedy gives a
+// one-hot vector at the argmax.
+std::vector<float> token_distribution(const float* logits, int vocab, const SamplingParams& p,
+                                      const TokenHistory& h);
+
+int32_t sample_from(const std::vector<float>& probs, Rng& rng);
+int32_t argmax(const float* v, int n);
+
+}  // namespace dflash
+
+namespace dflash {
+// The token a row of logits yields under `p`: the (penalised) argmax when greedy, else a draw.
+int32_t choose_token(const float* logits, int vocab, const SamplingParams& p, const TokenHistory& h, Rng& rng);
+}  // namespace dflash

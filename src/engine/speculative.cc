@@ -1,0 +1,163 @@
+// The DFlash speculative loop, written to read like sections 4 and 5 of docs/dflash.md
+// (the contract): prefill, then per step draft a block, verify it, commit the longest
+// correct prefix and roll back the rest.
+#include <algorithm>
+
+#include "engine/block_controller.h"
+#include "engine/generation.h"
+#include "engine/output_sink.h"
+#include "util/error.h"
+
+namespace dflash {
+
+namespace {
+
+// Speculative sampling's acceptance test for draft token d: accept with probability
+// min(1, p(d) / q(d)); on rejection the replacement comes from normalize(max(0, p − q)).
+bool accept_draft(const std::vector<float>& p, const std::vector<float>& q, int32_t d, Rng& rng) {
+  if (q[d] <= 0.0f) return false;  // cannot happen for a token drawn from q; kept for safety
+  return rng.uniform() < std::min(1.0, double(p[d]) / double(q[d]));
+}
+
+int32_t sample_residual(const std::vector<float>& p, const std::vector<float>& q, Rng& rng) {
+  std::vector<float> residual(p.size());
+  double mass = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    residual[i] = std::max(0.0f, p[i] - q[i]);
+    mass += residual[i];
+  }
+  // p == q up to rounding: rejection had probability ~0, and p itself is the right law.
+  return mass > 0 ? sample_from(residual, rng) : sample_from(p, rng);
+}
+
+}  // namespace
+
+GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
+  if (!drafter_) throw Error("speculative decoding needs a drafter (--draft DIR)");
+  check_request(r);
+  GenerationResult result;
+  OutputSink out(r, result);
+  GenerationStats& st = result.stats;
+  st.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  const SamplingParams& sp = r.sampling;
+  const bool greedy = sp.greedy();
+  const int vocab = target_.config().vocab_size;
+  const std::vector<int>& feature_layers = drafter_->config().target_layer_ids;
+  const int64_t capacity = std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens);
+  Backend& b = target_.backend();
+  Rng rng(sp.seed);
+  BlockController blocks(block_size_, options_.adaptive);
+  auto history = [&](const int32_t* extra, int count) {  // penalties see committed + drafted tokens
+    return TokenHistory{&r.prompt, &out.tokens(), extra, count};
+  };
+
+  Stopwatch total;
+  SequenceState target_state = target_.new_sequence(capacity);
+  SequenceState drafter_state = drafter_->new_sequence(capacity + block_size_);
+
+  // Prefill: the prompt's last logits give the first anchor; the features of every prompt
+  // row are the drafter's first context rows.
+  ForwardOutput prefill = target_.forward(target_state, r.prompt, false, feature_layers);
+  drafter_->add_context(drafter_state, prefill.features);
+  std::vector<float> logits(vocab);
+  b.download(prefill.logits, logits.data());
+  int32_t anchor = choose_token(logits.data(), vocab, sp, history(nullptr, 0), rng);
+  st.prefill_seconds = total.seconds();
+  out.commit(anchor);
+
+  std::vector<float> draft_logits, target_logits;
+  std::vector<std::vector<float>> q;  // the drafter's distributions, when sampling
+  while (!out.done()) {
+    const int64_t s = target_state.length();  // committed positions; the anchor goes at s
+    if (s >= capacity) {
+      out.context_exhausted();
+      break;
+    }
+    const int64_t remaining = r.max_new_tokens - int64_t(out.tokens().size());
+    const int B = static_cast<int>(std::min<int64_t>({blocks.next(), capacity - s, remaining}));
+
+    if (B < 2) {  // a plain step: no block is worth drafting
+      Stopwatch step;
+      ForwardOutput f = target_.forward(target_state, {anchor}, false, feature_layers);
+      if (!blocks.drafting_over()) drafter_->add_context(drafter_state, f.features);
+      b.download(f.logits, logits.data());
+      anchor = choose_token(logits.data(), vocab, sp, history(nullptr, 0), rng);
+      const double seconds = step.seconds();
+      st.plain_seconds += seconds;
+      ++st.plain_steps;
+      blocks.record(1, 1, seconds);
+      out.commit(anchor);
+      continue;
+    }
+
+    // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
+    Stopwatch draft_time;
+    Tensor dl = drafter_->draft(drafter_state, anchor, B);
+    draft_logits.resize(size_t(B - 1) * vocab);
+    b.download(dl, draft_logits.data());
+    std::vector<int32_t> block(B);
+    block[0] = anchor;
+    q.resize(B);
+    for (int i = 1; i < B; ++i) {
+      const float* row = draft_logits.data() + size_t(i - 1) * vocab;
+      if (greedy) {
+        block[i] = choose_token(row, vocab, sp, history(block.data() + 1, i - 1), rng);
+      } else {
+        q[i] = token_distribution(row, vocab, sp, history(block.data() + 1, i - 1));
+        block[i] = sample_from(q[i], rng);
+      }
+    }
+    const double draft_seconds = draft_time.seconds();
+
+    // Section 5: the target runs the block causally; row i − 1 predicts position s + i.
+    Stopwatch verify_time;
+    ForwardOutput v = target_.forward(target_state, block, true, feature_layers);
+    target_logits.resize(size_t(B) * vocab);
+    b.download(v.logits, target_logits.data());
+    int accepted = 0;  // a: the longest accepted prefix of d1 … d(B−1)
+    int32_t next_anchor = -1;
+    for (int i = 1; i < B; ++i) {
+      const float* row = target_logits.data() + size_t(i - 1) * vocab;
+      if (greedy) {
+        const int32_t want = choose_token(row, vocab, sp, history(block.data() + 1, i - 1), rng);
+        if (block[i] != want) {
+          next_anchor = want;
+          break;
+        }
+      } else {
+        const auto p = token_distribution(row, vocab, sp, history(block.data() + 1, i - 1));
+        if (!accept_draft(p, q[i], block[i], rng)) {
+          next_anchor = sample_residual(p, q[i], rng);
+          break;
+        }
+      }
+      ++accepted;
+    }
+    if (accepted == B - 1) {  // every draft accepted: the last row gives the anchor
+      const float* row = target_logits.data() + size_t(B - 1) * vocab;
+      next_anchor = choose_token(row, vocab, sp, history(block.data() + 1, B - 1), rng);
+    }
+
+    // Commit anchor + a drafts; rows of rejected drafts leave the target's cache, and only
+    // the committed rows' features become the drafter's next context rows.
+    target_state.truncate(s + accepted + 1);
+    drafter_->add_context(drafter_state, v.features.slice_rows(0, accepted + 1));
+    const double verify_seconds = verify_time.seconds();
+    st.draft_seconds += draft_seconds;
+    st.verify_seconds += verify_seconds;
+    st.record_step(B, accepted + 1);
+    blocks.record(B, accepted + 1, draft_seconds + verify_seconds);
+    for (auto& e : blocks.take_events()) st.adaptive_events.push_back(e);
+
+    if (!out.commit(block.data() + 1, accepted)) break;
+    out.commit(next_anchor);
+    anchor = next_anchor;
+  }
+  st.final_block_size = blocks.drafting_over() ? 1 : blocks.block();
+  st.max_block_size = std::max(st.max_block_size, block_size_);
+  st.generated_tokens = static_cast<int64_t>(result.tokens.size());
+  st.total_seconds = total.seconds();
+  return result;
+}
+
+}  // namespace dflash

@@ -1,0 +1,34 @@
+#pragma once
+// Acceptance statistics (contract section 5): mean acceptance length τ, its histogram over
+// 1 … B, per-position acceptance, and where the time went.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+struct GenerationStats {
+  int max_block_size = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t steps = 0;        // speculative steps (draft + verify)
+  int64_t plain_steps = 0;  // one-token steps (plain decoding, or speculation switched off)
+  std::vector<int64_t> acceptance_histogram;  // [L − 1] counts steps with acceptance length L
+  std::vector<int64_t> row_reached;   // [i] steps where row i − 1 was accepted (row 0: every step)
+  std::vector<int64_t> row_accepted;  // [i] steps where row i was accepted
+  double prefill_seconds = 0, draft_seconds = 0, verify_seconds = 0, plain_seconds = 0, total_seconds = 0;
+  std::vector<std::string> adaptive_events;  // block changes and fallbacks, in order
+  int final_block_size = 0;
+
+  void record_step(int block_size, int acceptance_length);
+  double mean_acceptance_length() const;
+  std::vector<double> per_position_acceptance() const;  // rows 1 … B−1
+  double decode_tokens_per_second() const;  // generated tokens over time after prefill
+  void merge(const GenerationStats& other);
+
+  nlohmann::json to_json() const;
+  std::string to_text() const;
+};
+
+}  // namespace dflash

@@ -1,0 +1,256 @@
+#include "model/dflash_drafter.h"
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "util/error.h"
+
+namespace dflash {
+
+namespace {
+
+const nlohmann::json* dflash_field(const nlohmann::json& j, const char* name) {
+  if (j.contains("dflash_config") && j["dflash_config"].is_object() && j["dflash_config"].contains(name) &&
+      !j["dflash_config"][name].is_null())
+    return &j["dflash_config"][name];
+  if (j.contains(name) && !j[name].is_null()) return &j[name];
+  return nullptr;
+}
+
+int count_layers(const Checkpoint& ckpt) {
+  int n = 0;
+  while (ckpt.has("layers." + std::to_string(n) + ".input_layernorm.weight")) ++n;
+  return n;
+}
+
+}  // namespace
+
+std::vector<int> default_target_layer_ids(int num_target_layers, int k) {
+  if (k == 1) return {num_target_layers / 2};
+  std::vector<int> ids;
+  for (int i = 0; i < k; ++i)
+    // nearbyint rounds half to even, like the Python round() the publisher used.
+    ids.push_back(static_cast<int>(std::nearbyint(1.0 + i * double(num_target_layers - 4) / (k - 1))));
+  return ids;
+}
+
+int tokenizer_token_count(const std::string& target_dir) {
+  const auto p = std::filesystem::path(target_dir) / "tokenizer.json";
+  if (!std::filesystem::exists(p)) return 0;
+  const auto j = read_json_file(p.string());
+  int max_id = -1;
+  if (j.contains("model") && j["model"].contains("vocab") && j["model"]["vocab"].is_object())
+    for (const auto& v : j["model"]["vocab"])
+      if (v.is_number_integer()) max_id = std::max(max_id, v.get<int>());
+  if (j.contains("added_tokens") && j["added_tokens"].is_array())
+    for (const auto& t : j["added_tokens"])
+      if (t.contains("id") && t["id"].is_number_integer()) max_id = std::max(max_id, t["id"].get<int>());
+  return max_id + 1;
+}
+
+DrafterConfig infer_drafter_config(const Checkpoint& ckpt, const Qwen3Config& target, int target_token_count) {
+  const std::string path = ckpt.has_config() ? ckpt.config_path() : ckpt.dir() + " (no config.json)";
+  nlohmann::json j = ckpt.config();
+  DrafterConfig d;
+  auto fill = [&](const char* field, const nlohmann::json& value) {
+    if (!j.contains(field) || j[field].is_null()) {
+      j[field] = value;
+      d.guessed.push_back(std::string(field) + "=" + value.dump());
+    }
+  };
+  if (!ckpt.has("fc.weight")) throw Error(ckpt.dir() + ": missing tensor 'fc.weight' (not a DFlash drafter?)");
+  const auto& fc = ckpt.peek("fc.weight");
+  if (fc.shape.size() != 2) throw Error(fc.file + ": tensor 'fc.weight' must be 2-D, has shape " + fc.shape_str());
+  fill("hidden_size", fc.shape[0]);
+  fill("num_hidden_layers", count_layers(ckpt));
+  if (ckpt.has("layers.0.self_attn.q_norm.weight"))
+    fill("head_dim", ckpt.peek("layers.0.self_attn.q_norm.weight").shape[0]);
+  const int head_dim = json_int(j, "head_dim", path);
+  if (ckpt.has("layers.0.self_attn.q_proj.weight"))
+    fill("num_attention_heads", ckpt.peek("layers.0.self_attn.q_proj.weight").shape[0] / head_dim);
+  if (ckpt.has("layers.0.self_attn.k_proj.weight"))
+    fill("num_key_value_heads", ckpt.peek("layers.0.self_attn.k_proj.weight").shape[0] / head_dim);
+  if (ckpt.has("layers.0.mlp.gate_proj.weight"))
+    fill("intermediate_size", ckpt.peek("layers.0.mlp.gate_proj.weight").shape[0]);
+  fill("rms_norm_eps", target.rms_norm_eps);
+  fill("vocab_size", target.vocab_size);
+  fill("max_position_embeddings", target.max_position_embeddings);
+  if (!j.contains("rope_theta") && !j.contains("rope_parameters")) j["rope_theta"] = target.rope.theta;
+  d.layers = parse_qwen3_config(j, path);
+  // The drafter rotates with the target's RoPE (scaling included); check_pairing reports a
+  // config that states something else.
+  d.layers.rope = target.rope;
+  if (j.contains("layer_types") && j["layer_types"].is_array())
+    for (const auto& t : j["layer_types"])
+      if (t.is_string() && t.get<std::string>() != "full_attention")
+        throw Error(path + ": field 'layer_types' has '" + t.get<std::string>() +
+                    "' layers; only full_attention drafters are supported yet");
+
+  const int64_t k_from_shape = target.hidden_size > 0 ? fc.shape[1] / target.hidden_size : 0;
+  if (const auto* v = dflash_field(j, "block_size")) d.block_size = v->get<int>();
+  else { d.block_size = 16; d.guessed.push_back("block_size=16"); }
+  if (const auto* v = dflash_field(j, "num_target_layers")) d.num_target_layers = v->get<int>();
+  else {
+    d.num_target_layers = target.num_hidden_layers;
+    d.guessed.push_back("num_target_layers=" + std::to_string(d.num_target_layers));
+  }
+  if (const auto* v = dflash_field(j, "target_layer_ids")) {
+    if (!v->is_array()) throw Error(path + ": field 'target_layer_ids' must be a list of integers");
+    for (const auto& e : *v) {
+      if (!e.is_number_integer()) throw Error(path + ": field 'target_layer_ids' must be a list of integers");
+      d.target_layer_ids.push_back(e.get<int>());
+    }
+  } else {
+    d.target_layer_ids = default_target_layer_ids(d.num_target_layers, static_cast<int>(std::max<int64_t>(1, k_from_shape)));
+    nlohmann::json ids = d.target_layer_ids;
+    d.guessed.push_back("target_layer_ids=" + ids.dump());
+  }
+  if (const auto* v = dflash_field(j, "mask_token_id")) {
+    if (!v->is_number_integer()) throw Error(path + ": field 'mask_token_id' must be an integer");
+    d.mask_token_id = v->get<int>();
+  } else if (target_token_count > 0 && target_token_count < target.vocab_size) {
+    d.mask_token_id = target_token_count;
+    d.guessed.push_back("mask_token_id=" + std::to_string(d.mask_token_id));
+  } else {
+    throw Error(path + ": field 'mask_token_id' is missing and cannot be derived (the target has no "
+                "tokenizer.json with fewer ids than its embedding rows)");
+  }
+  return d;
+}
+
+std::vector<PairingCheck> check_pairing(const DrafterConfig& d, const Checkpoint& ckpt, const Qwen3Config& t,
+                                        int target_token_count) {
+  std::vector<PairingCheck> out;
+  auto add = [&](const char* what, bool ok, std::string detail) { out.push_back({what, ok, std::move(detail)}); };
+  const auto& fc = ckpt.peek("fc.weight");
+  const int K = static_cast<int>(d.target_layer_ids.size());
+  add("hidden size", d.layers.hidden_size == t.hidden_size,
+      "drafter " + std::to_string(d.layers.hidden_size) + ", target " + std::to_string(t.hidden_size));
+  add("fc input width", fc.shape[1] == int64_t(K) * t.hidden_size,
+      "fc.weight has " + std::to_string(fc.shape[1]) + " columns; " + std::to_string(K) +
+          " target layers x hidden " + std::to_string(t.hidden_size) + " = " + std::to_string(int64_t(K) * t.hidden_size));
+  add("vocabulary", d.layers.vocab_size == t.vocab_size,
+      "drafter vocab_size " + std::to_string(d.layers.vocab_size) + ", target embedding rows " + std::to_string(t.vocab_size));
+  add("num_target_layers", d.num_target_layers == t.num_hidden_layers,
+      "drafter was built for " + std::to_string(d.num_target_layers) + " target layers, target has " +
+          std::to_string(t.num_hidden_layers));
+  bool ids_ok = K > 0;
+  std::set<int> seen;
+  for (int id : d.target_layer_ids) ids_ok = ids_ok && id >= 0 && id < t.num_hidden_layers && seen.insert(id).second;
+  nlohmann::json ids = d.target_layer_ids;
+  add("target layer ids", ids_ok, ids.dump() + " must be distinct and within 0 … " + std::to_string(t.num_hidden_layers - 1));
+  bool mask_ok = d.mask_token_id >= 0 && d.mask_token_id < t.vocab_size;
+  std::string mask_detail = "mask_token_id " + std::to_string(d.mask_token_id) + ", embedding rows " + std::to_string(t.vocab_size);
+  if (target_token_count > 0) {
+    mask_ok = mask_ok && d.mask_token_id >= target_token_count;
+    mask_detail += ", tokenizer ids 0 … " + std::to_string(target_token_count - 1) + " are real tokens";
+  }
+  add("mask token id", mask_ok, mask_detail);
+  // RoPE: a drafter config that states other parameters than the target's was trained for
+  // another model; one that states none simply inherits the target's.
+  const nlohmann::json& j = ckpt.config();
+  bool rope_ok = true;
+  std::string rope_detail = "target " + t.rope.describe();
+  if (!j.empty() && (j.contains("rope_theta") || j.contains("rope_parameters"))) {
+    RopeConfig stated = parse_rope(j, t.max_position_embeddings, ckpt.config_path());
+    const bool states_scaling = stated.type != "default";
+    rope_ok = std::abs(stated.theta - t.rope.theta) <= 1e-6 * t.rope.theta && (!states_scaling || stated == t.rope);
+    rope_detail = "drafter " + stated.describe() + ", " + rope_detail;
+  }
+  add("RoPE", rope_ok, rope_detail);
+  const bool own_head = ckpt.has("lm_head.weight") || ckpt.has("d2t") || ckpt.has("t2d");
+  add("LM head", !own_head,
+      own_head ? "the drafter carries its own LM head / draft vocabulary map (speculators format); "
+                 "replacing it with the target's would silently break drafting"
+               : "borrows the target's embedding and LM head");
+  add("block size", d.block_size >= 2 && d.block_size <= 64, "block_size " + std::to_string(d.block_size));
+  return out;
+}
+
+std::unique_ptr<DFlashDrafter> DFlashDrafter::load(const std::string& dir, const Qwen3Model& target,
+                                                   std::vector<std::string>* warnings) {
+  Checkpoint ckpt = Checkpoint::open(dir, /*require_config=*/false);
+  const int token_count = tokenizer_token_count(target.dir());
+  std::unique_ptr<DFlashDrafter> d(new DFlashDrafter(target));
+  d->config_ = infer_drafter_config(ckpt, target.config(), token_count);
+  for (const auto& c : check_pairing(d->config_, ckpt, target.config(), token_count))
+    if (!c.ok) throw Error(dir + ": drafter does not fit target " + target.dir() + ": " + c.what + ": " + c.detail);
+  if (warnings)
+    for (const auto& g : d->config_.guessed)
+      warnings->push_back(dir + ": config field guessed, not stated: " + g);
+  const Qwen3Config& c = d->config_.layers;
+  Backend& b = target.backend();
+  const int64_t H = c.hidden_size, K = static_cast<int64_t>(d->config_.target_layer_ids.size());
+  d->rope_ = RopeTable(c.rope, c.head_dim);
+  d->fc_ = b.upload_weight({&ckpt.get("fc.weight", {H, K * target.config().hidden_size})});
+  d->hidden_norm_ = b.upload_weight({&ckpt.get("hidden_norm.weight", {H})});
+  d->final_norm_ = b.upload_weight({&ckpt.get("norm.weight", {H})});
+  for (int i = 0; i < c.num_hidden_layers; ++i)
+    d->layers_.push_back(load_decoder_layer(ckpt, b, c, "layers." + std::to_string(i) + "."));
+  ckpt.check_all_used();
+  return d;
+}
+
+SequenceState DFlashDrafter::new_sequence(int64_t capacity) const {
+  Backend& b = target_.backend();
+  const int64_t cols = int64_t(config_.layers.num_key_value_heads) * config_.layers.head_dim;
+  std::vector<KvCache> kv;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    kv.push_back({b.alloc(capacity, cols, b.activation_dtype()), b.alloc(capacity, cols, b.activation_dtype())});
+  return SequenceState(std::move(kv), capacity);
+}
+
+void DFlashDrafter::add_context(SequenceState& state, const Tensor& features) {
+  Backend& b = target_.backend();
+  const Qwen3Config& c = config_.layers;
+  const int64_t m = features.rows, H = c.hidden_size;
+  if (m == 0) return;
+  if (state.length() + m > state.capacity())
+    throw Error("drafter context exhausted: " + std::to_string(state.length() + m) + " rows needed, " +
+                std::to_string(state.capacity()) + " allocated");
+  rope_.ensure(state.length() + m);
+  const DType dt = b.activation_dtype();
+  Tensor ctx = b.alloc(m, H, dt);
+  b.matmul(features, fc_, ctx);
+  b.rms_norm(ctx, hidden_norm_, static_cast<float>(c.rms_norm_eps), H, ctx);
+  std::vector<int32_t> pos(m);
+  for (int64_t i = 0; i < m; ++i) pos[i] = static_cast<int32_t>(state.length() + i);
+  Tensor kv_scratch = b.alloc(m, 2 * int64_t(c.num_key_value_heads) * c.head_dim, dt);
+  for (size_t l = 0; l < layers_.size(); ++l)
+    write_kv(b, layers_[l], c, rope_, ctx, pos, state.kv(l), state.length(), kv_scratch);
+  state.advance(m);
+}
+
+Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size) {
+  Backend& b = target_.backend();
+  const Qwen3Config& c = config_.layers;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t H = c.hidden_size, B = block_size;
+  const DType dt = b.activation_dtype();
+  if (B < 2) throw Error("drafting needs a block of at least 2 rows");
+  if (state.length() + B > state.capacity())
+    throw Error("drafter context exhausted: " + std::to_string(state.length() + B) + " rows needed, " +
+                std::to_string(state.capacity()) + " allocated");
+  rope_.ensure(state.length() + B);
+
+  // The block's own keys/values go to rows s … s+B−1 without advancing the state: the next
+  // step's context rows overwrite them.
+  const int64_t s = state.length();
+  std::vector<int32_t> ids(B, config_.mask_token_id);
+  ids[0] = anchor;
+  std::vector<int32_t> pos(B);
+  for (int64_t i = 0; i < B; ++i) pos[i] = static_cast<int32_t>(s + i);
+  Tensor x = b.alloc(B, H, dt);
+  b.embed(ids, target_.embed_tokens(), x);
+  DecoderScratch scratch = make_decoder_scratch(b, c, B);
+  for (size_t l = 0; l < layers_.size(); ++l)
+    decoder_layer_attention_mlp(b, layers_[l], c, rope_, x, pos, state.kv(l), s, s + B, AttentionMask::None, scratch);
+  Tensor normed = scratch.h.slice_rows(0, B - 1);
+  b.rms_norm(x.slice_rows(1, B - 1), final_norm_, eps, H, normed);
+  Tensor logits = b.alloc(B - 1, target_.config().vocab_size, dt);
+  target_.project_to_vocab(normed, logits);
+  return logits;
+}
+
+}  // namespace dflash

@@ -1,0 +1,168 @@
+#include "model/qwen3.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "io/checkpoint.h"
+#include "util/error.h"
+
+namespace dflash {
+
+DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3Config& c,
+                                       const std::string& prefix) {
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int64_t q_rows = int64_t(c.num_attention_heads) * D, kv_rows = int64_t(c.num_key_value_heads) * D;
+  auto one = [&](const std::string& name, std::vector<int64_t> shape) {
+    return b.upload_weight({&ckpt.get(prefix + name, shape)});
+  };
+  DecoderLayerWeights w;
+  w.input_norm = one("input_layernorm.weight", {H});
+  w.post_attention_norm = one("post_attention_layernorm.weight", {H});
+  w.q_proj = one("self_attn.q_proj.weight", {q_rows, H});
+  w.kv_proj = b.upload_weight({&ckpt.get(prefix + "self_attn.k_proj.weight", {kv_rows, H}),
+                               &ckpt.get(prefix + "self_attn.v_proj.weight", {kv_rows, H})});
+  w.q_norm = one("self_attn.q_norm.weight", {D});
+  w.k_norm = one("self_attn.k_norm.weight", {D});
+  w.o_proj = one("self_attn.o_proj.weight", {H, q_rows});
+  w.gate_up_proj = b.upload_weight({&ckpt.get(prefix + "mlp.gate_proj.weight", {I, H}),
+                                    &ckpt.get(prefix + "mlp.up_proj.weight", {I, H})});
+  w.down_proj = one("mlp.down_proj.weight", {H, I});
+  return w;
+}
+
+DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows) {
+  const DType dt = b.activation_dtype();
+  const int64_t D = c.head_dim;
+  DecoderScratch s;
+  s.h = b.alloc(rows, c.hidden_size, dt);
+  s.q = b.alloc(rows, c.num_attention_heads * D, dt);
+  s.kv = b.alloc(rows, 2 * c.num_key_value_heads * D, dt);
+  s.attn = b.alloc(rows, c.num_attention_heads * D, dt);
+  s.gate_up = b.alloc(rows, 2 * int64_t(c.intermediate_size), dt);
+  s.act = b.alloc(rows, c.intermediate_size, dt);
+  return s;
+}
+
+void write_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
+              const Tensor& h, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0,
+              Tensor& kv_scratch) {
+  const int64_t T = h.rows, D = c.head_dim, kv_cols = int64_t(c.num_key_value_heads) * D;
+  Tensor kv = kv_scratch.slice_rows(0, T);
+  b.matmul(h, w.kv_proj, kv);
+  Tensor k = kv.slice_cols(0, kv_cols), v = kv.slice_cols(kv_cols, kv_cols);
+  b.rms_norm(k, w.k_norm, static_cast<float>(c.rms_norm_eps), D, k);
+  b.rope(k, positions, D, rope);
+  Tensor k_dst = cache.k.slice_rows(pos0, T), v_dst = cache.v.slice_rows(pos0, T);
+  b.copy(k, k_dst);
+  b.copy(v, v_dst);
+}
+
+void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
+                                 const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,
+                                 KvCache& cache, int64_t kv_pos0, int64_t kv_len, AttentionMask mask,
+                                 DecoderScratch& s) {
+  const int64_t T = x.rows, D = c.head_dim, H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Tensor h = s.h.slice_rows(0, T), q = s.q.slice_rows(0, T), attn = s.attn.slice_rows(0, T);
+  b.rms_norm(x, w.input_norm, eps, H, h);
+  b.matmul(h, w.q_proj, q);
+  b.rms_norm(q, w.q_norm, eps, D, q);
+  b.rope(q, q_pos, D, rope);
+  write_kv(b, w, c, rope, h, q_pos, cache, kv_pos0, s.kv);
+  b.attention(q, cache.k, cache.v, kv_len, q_pos[0], D, mask, attn);
+  b.matmul(attn, w.o_proj, x, /*accumulate=*/true);
+
+  Tensor gate_up = s.gate_up.slice_rows(0, T), act = s.act.slice_rows(0, T);
+  b.rms_norm(x, w.post_attention_norm, eps, H, h);
+  b.matmul(h, w.gate_up_proj, gate_up);
+  b.silu_mul(gate_up, act);
+  b.matmul(act, w.down_proj, x, /*accumulate=*/true);
+}
+
+std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, Backend& b) {
+  Checkpoint ckpt = Checkpoint::open(dir);
+  std::unique_ptr<Qwen3Model> m(new Qwen3Model(b));
+  m->dir_ = dir;
+  m->config_ = parse_qwen3_config(ckpt.config(), ckpt.config_path());
+  const Qwen3Config& c = m->config_;
+  if (!c.architecture.empty() && c.architecture != "Qwen3ForCausalLM")
+    throw Error(ckpt.config_path() + ": field 'architectures' is " + c.architecture +
+                ", this loader reads Qwen3ForCausalLM");
+  m->generation_ = load_generation_config(dir, ckpt.config());
+  m->rope_ = RopeTable(c.rope, c.head_dim);
+  const int64_t V = c.vocab_size, H = c.hidden_size;
+  m->embed_ = b.upload_weight({&ckpt.get("model.embed_tokens.weight", {V, H})});
+  m->final_norm_ = b.upload_weight({&ckpt.get("model.norm.weight", {H})});
+  if (c.tie_word_embeddings) {
+    m->lm_head_ = m->embed_;
+    if (ckpt.has("lm_head.weight")) ckpt.get("lm_head.weight", {V, H});  // some exports keep the copy
+  } else {
+    if (!ckpt.has("lm_head.weight"))
+      throw Error(dir + ": missing tensor 'lm_head.weight' (config.json says tie_word_embeddings is false)");
+    m->lm_head_ = b.upload_weight({&ckpt.get("lm_head.weight", {V, H})});
+  }
+  for (int i = 0; i < c.num_hidden_layers; ++i)
+    m->layers_.push_back(load_decoder_layer(ckpt, b, c, "model.layers." + std::to_string(i) + "."));
+  ckpt.check_all_used();
+  return m;
+}
+
+SequenceState Qwen3Model::new_sequence(int64_t capacity) const {
+  std::vector<KvCache> kv;
+  const int64_t cols = int64_t(config_.num_key_value_heads) * config_.head_dim;
+  const DType dt = backend_.activation_dtype();
+  for (size_t i = 0; i < layers_.size(); ++i)
+    kv.push_back({backend_.alloc(capacity, cols, dt), backend_.alloc(capacity, cols, dt)});
+  return SequenceState(std::move(kv), capacity);
+}
+
+void Qwen3Model::project_to_vocab(const Tensor& normed_hidden, Tensor& logits) const {
+  backend_.matmul(normed_hidden, lm_head_, logits);
+}
+
+ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_t>& tokens,
+                                  bool all_logits, const std::vector<int>& feature_layers) {
+  Backend& b = backend_;
+  const Qwen3Config& c = config_;
+  const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size;
+  const int64_t pos0 = state.length();
+  if (T == 0) throw Error("forward: no tokens");
+  if (pos0 + T > state.capacity())
+    throw Error("context length exceeded: " + std::to_string(pos0 + T) + " positions needed, the sequence holds " +
+                std::to_string(state.capacity()));
+  for (int l : feature_layers)
+    if (l < 0 || l >= c.num_hidden_layers)
+      throw Error("feature layer " + std::to_string(l) + " is outside the target's " +
+                  std::to_string(c.num_hidden_layers) + " layers");
+  rope_.ensure(pos0 + T);
+
+  std::vector<int32_t> positions(T);
+  for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(pos0 + t);
+  const DType dt = b.activation_dtype();
+  Tensor x = b.alloc(T, H, dt);
+  b.embed(tokens, embed_, x);
+  DecoderScratch scratch = make_decoder_scratch(b, c, T);
+
+  ForwardOutput out;
+  if (!feature_layers.empty()) out.features = b.alloc(T, H * int64_t(feature_layers.size()), dt);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    decoder_layer_attention_mlp(b, layers_[i], c, rope_, x, positions, state.kv(i), pos0, pos0 + T,
+                                AttentionMask::Causal, scratch);
+    for (size_t k = 0; k < feature_layers.size(); ++k)
+      if (feature_layers[k] == i) {
+        Tensor dst = out.features.slice_cols(int64_t(k) * H, H);
+        b.copy(x, dst);
+      }
+  }
+  state.advance(T);
+
+  const int64_t rows = all_logits ? T : 1;
+  Tensor last = x.slice_rows(T - rows, rows);
+  Tensor normed = scratch.h.slice_rows(0, rows);
+  b.rms_norm(last, final_norm_, static_cast<float>(c.rms_norm_eps), H, normed);
+  out.logits = b.alloc(rows, c.vocab_size, dt);
+  project_to_vocab(normed, out.logits);
+  return out;
+}
+
+}  // namespace dflash

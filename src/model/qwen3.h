@@ -1,0 +1,87 @@
+#pragma once
+// The Qwen3 dense target: plain data (weights, config) plus a forward function over a
+// sequence's state. It can hand back the residual stream after chosen layers (the DFlash
+// context features) from the same pass that produces the logits.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/config.h"
+#include "model/rope.h"
+#include "model/sequence_state.h"
+
+namespace dflash {
+
+struct DecoderLayerWeights {
+  Tensor input_norm, post_attention_norm;
+  Tensor q_proj, kv_proj;  // kv_proj: k then v rows, one product for both
+  Tensor q_norm, k_norm;
+  Tensor o_proj;
+  Tensor gate_up_proj, down_proj;  // gate_up: gate then up rows
+};
+
+class Checkpoint;
+
+// Loads one Qwen3-style decoder layer under `prefix` ("model.layers.3." or "layers.3.").
+DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& backend, const Qwen3Config& c,
+                                       const std::string& prefix);
+
+struct ForwardOutput {
+  Tensor logits;    // [rows asked for, vocab]
+  Tensor features;  // [tokens, K · hidden] when feature layers were asked for
+};
+
+class Qwen3Model {
+ public:
+  static std::unique_ptr<Qwen3Model> load(const std::string& dir, Backend& backend);
+
+  const Qwen3Config& config() const { return config_; }
+  const GenerationConfig& generation_config() const { return generation_; }
+  const std::string& dir() const { return dir_; }
+  Backend& backend() const { return backend_; }
+  const RopeTable& rope() const { return rope_; }
+
+  SequenceState new_sequence(int64_t capacity) const;
+
+  // Runs `tokens` at positions state.length() … and appends them to the state. Returns logits
+  // of every row (all_logits) or of the last, and the residual stream after each layer in
+  // `feature_layers` (0-based), concatenated per row in that order.
+  ForwardOutput forward(SequenceState& state, const std::vector<int32_t>& tokens, bool all_logits,
+                        const std::vector<int>& feature_layers = {});
+
+  // Borrowed by the drafter.
+  const Tensor& embed_tokens() const { return embed_; }
+  // logits = hidden · lm_headᵀ, on hidden states already normalised (the drafter applies its
+  // own final norm before borrowing this).
+  void project_to_vocab(const Tensor& normed_hidden, Tensor& logits) const;
+
+ private:
+  Qwen3Model(Backend& b) : backend_(b) {}
+  Backend& backend_;
+  std::string dir_;
+  Qwen3Config config_;
+  GenerationConfig generation_;
+  RopeTable rope_;
+  Tensor embed_, lm_head_, final_norm_;
+  std::vector<DecoderLayerWeights> layers_;
+};
+
+// One decoder layer over x [T, H] in place. q rows sit at positions `q_pos`; keys/values of
+// these rows are written to `cache` rows kv_pos0 … and attention covers cache rows
+// 0 … kv_len − 1 with `mask`. Shared by the target (causal) and the drafter (block).
+struct DecoderScratch {
+  Tensor h, q, kv, attn, gate_up, act;
+};
+void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
+                                 const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,
+                                 KvCache& cache, int64_t kv_pos0, int64_t kv_len, AttentionMask mask,
+                                 DecoderScratch& s);
+DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows);
+
+// Writes k_norm(k_proj(h)) with RoPE and v_proj(h) into cache rows pos0 … pos0 + T − 1.
+void write_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
+              const Tensor& h, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0,
+              Tensor& kv_scratch);
+
+}  // namespace dflash
