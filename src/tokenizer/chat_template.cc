@@ -1,9 +1,24 @@
 #include "tokenizer/chat_template.h"
+
 #include <nlohmann/json.hpp>
+
+#include "tokenizer/jinja_ast.h"
+#include "tokenizer/jinja_builtins.h"
+#include "tokenizer/jinja_render.h"
 #include "util/error.h"
+
 namespace dflash {
-namespace jinja { struct Node {}; }
-ChatTemplate::ChatTemplate(const std::string&, const std::string& where) : where_(where) {}
+
+ChatTemplate::ChatTemplate(const std::string& source, const std::string& where)
+    : where_(where), root_(jinja::parse(source, where)) {}
+
 ChatTemplate::~ChatTemplate() = default;
-std::string ChatTemplate::render(const nlohmann::json&) const { throw Error("todo"); }
+
+std::string ChatTemplate::render(const nlohmann::ordered_json& vars) const {
+  if (!vars.is_object()) throw Error(where_ + ": template variables must be a JSON object");
+  jinja::Object globals = jinja::make_globals();
+  for (const auto& [k, v] : vars.items()) globals.emplace_back(k, jinja::Value::from_json(v));
+  return jinja::render(*root_, globals, where_);
 }
+
+}  // namespace dflash

@@ -18,7 +18,7 @@ class ChatTemplate {
   ChatTemplate(const std::string& source, const std::string& where);
   ~ChatTemplate();
   // `vars` is a JSON object of template variables (messages, add_generation_prompt, ...).
-  std::string render(const nlohmann::json& vars) const;
+  std::string render(const nlohmann::ordered_json& vars) const;
 
  private:
   std::string where_;

@@ -273,10 +273,11 @@ const std::string& Tokenizer::eos_token() const { return impl_->eos_token; }
 bool Tokenizer::add_bos_token() const { return impl_->add_bos_token; }
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
 
-std::string Tokenizer::apply_chat_template(const nlohmann::json& messages,
+std::string Tokenizer::apply_chat_template(const nlohmann::ordered_json& messages,
                                            const ChatOptions& options) const {
   if (!impl_->compiled_template) throw Error("apply_chat_template: the tokenizer has no chat_template");
-  nlohmann::json vars = nlohmann::json::object();
+  if (!messages.is_array()) throw Error("apply_chat_template: messages must be a JSON array");
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   if (options.extra) {
     if (!options.extra->is_object() && !options.extra->is_null())
       throw Error("apply_chat_template: extra variables must be a JSON object");

@@ -29,7 +29,8 @@ struct ChatOptions {
   // Passed to the template as `enable_thinking` when set; left undefined otherwise.
   std::optional<bool> enable_thinking;
   // Further variables for the template (e.g. {"tools": [...]}); must be an object or null.
-  const nlohmann::json* extra = nullptr;
+  // ordered_json keeps key order, which tojson output depends on (as in Python dicts).
+  const nlohmann::ordered_json* extra = nullptr;
 };
 
 class Tokenizer {
@@ -67,9 +68,10 @@ class Tokenizer {
   bool add_bos_token() const;  // tokenizer_config's add_bos_token (false when absent)
 
   const std::string& chat_template() const;  // empty when absent
-  // Renders the chat template for `messages` (a JSON array of {"role","content",...}).
-  // Throws dflash::Error on template errors or unsupported features (tool calls).
-  std::string apply_chat_template(const nlohmann::json& messages,
+  // Renders the chat template for `messages` (a JSON array of {"role","content",...}), the
+  // way transformers' apply_chat_template(..., tokenize=False) does. Encode the result with
+  // add_special_tokens=false. Throws dflash::Error on template errors.
+  std::string apply_chat_template(const nlohmann::ordered_json& messages,
                                   const ChatOptions& options = {}) const;
 
  private:
