@@ -43,7 +43,10 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   const bool greedy = sp.greedy();
   const int vocab = target_.config().vocab_size;
   const std::vector<int>& feature_layers = drafter_->config().target_layer_ids;
-  const int64_t capacity = std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens);
+  // Room for a whole block past max_new_tokens: the last steps draft full blocks, as the
+  // drafter was trained, and max_new_tokens cuts what they commit.
+  const int64_t capacity =
+      std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens + block_size_);
   Backend& b = target_.backend();
   Rng rng(sp.seed);
   BlockController blocks(block_size_, options_.adaptive);
@@ -73,8 +76,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       out.context_exhausted();
       break;
     }
-    const int64_t remaining = r.max_new_tokens - int64_t(out.tokens().size());
-    const int B = static_cast<int>(std::min<int64_t>({blocks.next(), capacity - s, remaining}));
+    const int B = static_cast<int>(std::min<int64_t>(blocks.next(), capacity - s));
 
     if (B < 2) {  // a plain step: no block is worth drafting
       Stopwatch step;

@@ -18,6 +18,7 @@ void GenerationStats::record_step(int block_size, int acceptance_length) {
   grow(row_reached, block_size);
   grow(row_accepted, block_size);
   ++acceptance_histogram[acceptance_length - 1];
+  step_acceptance.push_back(acceptance_length);
   // Row i (1 … B−1) was tried when rows before it were accepted.
   for (int i = 1; i < block_size && i <= acceptance_length; ++i) {
     ++row_reached[i];

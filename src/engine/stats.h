@@ -15,6 +15,7 @@ struct GenerationStats {
   int64_t steps = 0;        // speculative steps (draft + verify)
   int64_t plain_steps = 0;  // one-token steps (plain decoding, or speculation switched off)
   std::vector<int64_t> acceptance_histogram;  // [L − 1] counts steps with acceptance length L
+  std::vector<int> step_acceptance;           // acceptance length of each step, in order
   std::vector<int64_t> row_reached;   // [i] steps where row i − 1 was accepted (row 0: every step)
   std::vector<int64_t> row_accepted;  // [i] steps where row i was accepted
   double prefill_seconds = 0, draft_seconds = 0, verify_seconds = 0, plain_seconds = 0, total_seconds = 0;

@@ -148,11 +148,14 @@ ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     decoder_layer_attention_mlp(b, layers_[i], c, rope_, x, positions, state.kv(i), pos0, pos0 + T,
                                 AttentionMask::Causal, scratch);
-    for (size_t k = 0; k < feature_layers.size(); ++k)
-      if (feature_layers[k] == i) {
-        Tensor dst = out.features.slice_cols(int64_t(k) * H, H);
-        b.copy(x, dst);
-      }
+    for (size_t k = 0; k < feature_layers.size(); ++k) {
+      if (feature_layers[k] != i) continue;
+      Tensor dst = out.features.slice_cols(int64_t(k) * H, H);
+      // transformers' hidden_states[L] (what drafters are trained on) is taken after the
+      // final norm; every earlier entry is the raw residual stream.
+      if (i == c.num_hidden_layers - 1) b.rms_norm(x, final_norm_, static_cast<float>(c.rms_norm_eps), H, dst);
+      else b.copy(x, dst);
+    }
   }
   state.advance(T);
 
