@@ -38,6 +38,7 @@ struct EngineOptions {
   int64_t context_length = 0;  // 0: the target's max_position_embeddings
   int block_size = 0;          // 0: the drafter's block_size
   bool adaptive = true;        // shorten the block / stop drafting when speculation does not pay
+  const class AcceptanceRule* acceptance = nullptr;  // null: the exact rule of the contract
 };
 
 class Engine {

@@ -3,6 +3,7 @@
 // correct prefix and roll back the rest.
 #include <algorithm>
 
+#include "engine/acceptance.h"
 #include "engine/block_controller.h"
 #include "engine/generation.h"
 #include "engine/output_sink.h"
@@ -10,27 +11,6 @@
 
 namespace dflash {
 
-namespace {
-
-// Speculative sampling's acceptance test for draft token d: accept with probability
-// min(1, p(d) / q(d)); on rejection the replacement comes from normalize(max(0, p − q)).
-bool accept_draft(const std::vector<float>& p, const std::vector<float>& q, int32_t d, Rng& rng) {
-  if (q[d] <= 0.0f) return false;  // cannot happen for a token drawn from q; kept for safety
-  return rng.uniform() < std::min(1.0, double(p[d]) / double(q[d]));
-}
-
-int32_t sample_residual(const std::vector<float>& p, const std::vector<float>& q, Rng& rng) {
-  std::vector<float> residual(p.size());
-  double mass = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    residual[i] = std::max(0.0f, p[i] - q[i]);
-    mass += residual[i];
-  }
-  // p == q up to rounding: rejection had probability ~0, and p itself is the right law.
-  return mass > 0 ? sample_from(residual, rng) : sample_from(p, rng);
-}
-
-}  // namespace
 
 GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   if (!drafter_) throw Error("speculative decoding needs a drafter (--draft DIR)");
@@ -50,6 +30,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   Backend& b = target_.backend();
   Rng rng(sp.seed);
   BlockController blocks(block_size_, options_.adaptive);
+  const AcceptanceRule& rule = options_.acceptance ? *options_.acceptance : exact_acceptance_rule();
   auto history = [&](const int32_t* extra, int count) {  // penalties see committed + drafted tokens
     return TokenHistory{&r.prompt, &out.tokens(), extra, count};
   };
@@ -128,8 +109,8 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
         }
       } else {
         const auto p = token_distribution(row, vocab, sp, history(block.data() + 1, i - 1));
-        if (!accept_draft(p, q[i], block[i], rng)) {
-          next_anchor = sample_residual(p, q[i], rng);
+        if (!rule.accept(p, q[i], block[i], rng)) {
+          next_anchor = rule.replacement(p, q[i], rng);
           break;
         }
       }
