@@ -26,10 +26,10 @@ int run_generate(GenerateArgs& a) {
   req.max_new_tokens = a.max_new_tokens;
   req.sampling = a.sampling.params();
   if (!a.ignore_eos) req.eos_ids = m.eos_ids();
-  attach_stop_strings(req, a.prompt.stop, m);
+  auto stop = attach_stop_strings(req, a.prompt.stop, m);
 
   GenerationResult res = m.engine->generate(req);
-  std::printf("%s\n", render_output(res.tokens, m).c_str());
+  std::printf("%s\n", render_output(res.tokens, m, stop).c_str());
   std::fprintf(stderr, "finish: %s\n%s", finish_reason_name(res.finish), res.stats.to_text().c_str());
   if (a.compare_plain && m.drafter) {
     GenerationResult plain = m.engine->generate_plain(req);

@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "util/error.h"
@@ -43,6 +45,9 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
 void add_prompt_options(CLI::App& app, PromptArgs& a) {
   app.add_option("-p,--prompt", a.text, "Prompt text");
   app.add_option("--prompt-ids", a.ids, "Prompt as comma-separated token ids");
+  app.add_flag("--chat", a.chat, "Render the prompt as a user turn with the model's chat template");
+  app.add_option("--system", a.system, "System message (with --chat)");
+  app.add_flag("--no-think", a.no_think, "enable_thinking=false in the chat template (Qwen3)");
   app.add_option("--stop", a.stop, "Stop string (repeatable)");
 }
 
@@ -64,6 +69,8 @@ LoadedModels load_models(const ModelArgs& a) {
   LoadedModels m;
   m.backend = make_backend(a.device);
   m.target = Qwen3Model::load(a.model_dir, *m.backend);
+  if (std::filesystem::exists(std::filesystem::path(a.model_dir) / "tokenizer.json"))
+    m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   if (!a.draft_dir.empty()) {
     std::vector<std::string> warnings;
     m.drafter = DFlashDrafter::load(a.draft_dir, *m.target, &warnings);
@@ -96,24 +103,44 @@ std::vector<int32_t> parse_token_ids(const std::string& csv) {
   return ids;
 }
 
+std::vector<int32_t> encode_prompt(const std::string& text, bool chat, const std::string& system, bool no_think,
+                                   const LoadedModels& m) {
+  if (!m.tokenizer)
+    throw Error(m.target->dir() + ": no tokenizer.json, so text prompts cannot be encoded; use --prompt-ids");
+  if (!chat) return m.tokenizer->encode(text);
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  messages.push_back({{"role", "user"}, {"content", text}});
+  ChatOptions opts;
+  if (no_think) opts.enable_thinking = false;
+  EncodeOptions enc;
+  enc.add_special_tokens = false;  // the template already wrote them
+  return m.tokenizer->encode(m.tokenizer->apply_chat_template(messages, opts), enc);
+}
+
 std::vector<int32_t> resolve_prompt(const PromptArgs& a, const LoadedModels& m) {
-  (void)m;
+  if (!a.ids.empty() && !a.text.empty()) throw Error("give either --prompt or --prompt-ids, not both");
   if (!a.ids.empty()) return parse_token_ids(a.ids);
-  if (!a.text.empty()) throw Error("--prompt: text prompts need the tokenizer (pending); use --prompt-ids");
+  if (!a.text.empty()) return encode_prompt(a.text, a.chat, a.system, a.no_think, m);
   throw Error("give a prompt with --prompt or --prompt-ids");
 }
 
-std::string render_output(const std::vector<int32_t>& tokens, const LoadedModels& m) {
-  (void)m;
+std::shared_ptr<StopStringMatcher> attach_stop_strings(GenerationRequest& req, const std::vector<std::string>& stop,
+                                                       const LoadedModels& m) {
+  if (stop.empty()) return nullptr;
+  if (!m.tokenizer) throw Error(m.target->dir() + ": --stop needs a tokenizer.json in the model directory");
+  auto matcher = std::make_shared<StopStringMatcher>(*m.tokenizer, stop);
+  req.stop_check = [matcher](const std::vector<int32_t>& out) { return matcher->update(out); };
+  return matcher;
+}
+
+std::string render_output(const std::vector<int32_t>& tokens, const LoadedModels& m,
+                          const std::shared_ptr<StopStringMatcher>& stop) {
+  if (stop && stop->matched()) return stop->text();
+  if (m.tokenizer) return m.tokenizer->decode(tokens);
   std::string s;
   for (size_t i = 0; i < tokens.size(); ++i) s += (i ? "," : "") + std::to_string(tokens[i]);
   return s;
-}
-
-void attach_stop_strings(GenerationRequest& req, const std::vector<std::string>& stop, const LoadedModels& m) {
-  (void)req;
-  (void)m;
-  if (!stop.empty()) throw Error("--stop needs the tokenizer (pending)");
 }
 
 }  // namespace dflash::cli

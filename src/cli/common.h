@@ -7,6 +7,8 @@
 
 #include "backend/backend.h"
 #include "engine/generation.h"
+#include "engine/stop_strings.h"
+#include "tokenizer/tokenizer.h"
 #include "model/dflash_drafter.h"
 #include "model/qwen3.h"
 
@@ -25,6 +27,9 @@ struct ModelArgs {
 struct PromptArgs {
   std::string text;
   std::string ids;  // comma-separated token ids
+  bool chat = false;  // wrap the text as a user turn with the model's chat template
+  std::string system;
+  bool no_think = false;  // chat templates with enable_thinking (Qwen3)
   std::vector<std::string> stop;
 };
 
@@ -40,6 +45,7 @@ struct LoadedModels {
   std::unique_ptr<Qwen3Model> target;
   std::unique_ptr<DFlashDrafter> drafter;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<Tokenizer> tokenizer;  // when the model directory has tokenizer.json
   std::vector<int32_t> eos_ids() const;
 };
 
@@ -50,7 +56,14 @@ void add_sampling_options(CLI::App& app, SamplingArgs& a);
 LoadedModels load_models(const ModelArgs& a);
 std::vector<int32_t> parse_token_ids(const std::string& csv);
 std::vector<int32_t> resolve_prompt(const PromptArgs& a, const LoadedModels& m);
-std::string render_output(const std::vector<int32_t>& tokens, const LoadedModels& m);
-void attach_stop_strings(GenerationRequest& req, const std::vector<std::string>& stop, const LoadedModels& m);
+// Text of a chat prompt or plain prompt; exposed for bench prompt files.
+std::vector<int32_t> encode_prompt(const std::string& text, bool chat, const std::string& system, bool no_think,
+                                   const LoadedModels& m);
+// Stop strings need the tokenizer; the matcher it returns also cuts the output text.
+std::shared_ptr<StopStringMatcher> attach_stop_strings(GenerationRequest& req, const std::vector<std::string>& stop,
+                                                       const LoadedModels& m);
+// Decoded text (cut at a matched stop string), or the ids when the model has no tokenizer.
+std::string render_output(const std::vector<int32_t>& tokens, const LoadedModels& m,
+                          const std::shared_ptr<StopStringMatcher>& stop = nullptr);
 
 }  // namespace dflash::cli

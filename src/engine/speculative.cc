@@ -129,7 +129,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     st.draft_seconds += draft_seconds;
     st.verify_seconds += verify_seconds;
     st.record_step(B, accepted + 1);
-    blocks.record(B, accepted + 1, draft_seconds + verify_seconds);
+    blocks.record(B, accepted + 1, draft_seconds + verify_seconds, draft_seconds);
     for (auto& e : blocks.take_events()) st.adaptive_events.push_back(e);
 
     if (!out.commit(block.data() + 1, accepted)) break;

@@ -5,12 +5,22 @@
 #include "tokenizer/jinja_ast.h"
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_render.h"
+#include "tokenizer/utf8.h"
 #include "util/error.h"
 
 namespace dflash {
 
+namespace {
+const std::string& checked(const std::string& source, const std::string& where) {
+  const size_t bad = utf8::first_invalid(source);
+  if (bad != std::string_view::npos)
+    throw Error(where + ": template is not valid UTF-8 (byte offset " + std::to_string(bad) + ")");
+  return source;
+}
+}  // namespace
+
 ChatTemplate::ChatTemplate(const std::string& source, const std::string& where)
-    : where_(where), root_(jinja::parse(source, where)) {}
+    : where_(where), root_(jinja::parse(checked(source, where), where)) {}
 
 ChatTemplate::~ChatTemplate() = default;
 

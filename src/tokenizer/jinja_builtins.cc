@@ -174,7 +174,7 @@ Value slice(const Value& obj, const Value& start_v, const Value& stop_v, const V
   const int64_t start = norm(start_v, step > 0 ? 0 : n - 1);
   const int64_t stop = norm(stop_v, step > 0 ? n : -1);
   std::vector<int64_t> idx;
-  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) idx.push_back(k);
+  for (__int128 k = start; step > 0 ? k < stop : k > stop; k += step) idx.push_back(static_cast<int64_t>(k));
   if (obj.is_string()) {
     std::vector<char32_t> r;
     for (int64_t k : idx) r.push_back(u[k]);
@@ -266,7 +266,10 @@ Value apply_filter(const std::string& name, const Value& input, CallArgs& args) 
   }
   if (name == "int") {
     if (input.kind == Value::Kind::kInt) return input;
-    if (input.kind == Value::Kind::kFloat) return Value::integer(static_cast<int64_t>(input.f));
+    if (input.kind == Value::Kind::kFloat) {
+      if (!(input.f > -9.2e18 && input.f < 9.2e18)) fail("int: value out of range");
+      return Value::integer(static_cast<int64_t>(input.f));
+    }
     if (input.kind == Value::Kind::kBool) return Value::integer(input.b);
     if (input.is_string()) {
       try {
@@ -287,7 +290,7 @@ Value apply_filter(const std::string& name, const Value& input, CallArgs& args) 
     return args.get(0, "default", Value::number(0));
   }
   if (name == "abs") {
-    if (input.kind == Value::Kind::kInt) return Value::integer(input.i < 0 ? -input.i : input.i);
+    if (input.kind == Value::Kind::kInt && input.i != INT64_MIN) return Value::integer(input.i < 0 ? -input.i : input.i);
     if (input.kind == Value::Kind::kFloat) return Value::number(input.f < 0 ? -input.f : input.f);
     fail("abs: expected a number");
   }
@@ -465,8 +468,10 @@ Object make_globals() {
                      fail("range: expected 1 to 3 arguments");
                    }
                    if (step == 0) fail("range: step must not be zero");
+                   // Templates never need huge ranges; refuse them instead of exhausting memory.
+                   if ((static_cast<__int128>(stop) - start) / step > 1000000) fail("range: too many elements");
                    Array r;
-                   for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) r.push_back(Value::integer(k));
+                   for (__int128 k = start; step > 0 ? k < stop : k > stop; k += step) r.push_back(Value::integer(static_cast<int64_t>(k)));
                    return Value::array(std::move(r));
                  }));
   g.emplace_back("strftime_now", Value::function([](CallArgs& a) {

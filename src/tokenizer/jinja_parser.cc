@@ -1,6 +1,8 @@
 // Lexer and recursive-descent parser following jinja2's grammar and operator precedence:
 // or < and < not < comparisons < + - < ~ < * / // % < ** < unary < postfix/filters/tests.
 #include <cctype>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 
 #include "tokenizer/jinja_ast.h"
@@ -261,6 +263,7 @@ class Parser {
   }
 
   NodePtr parse_statement(const std::string& kw, int line) {
+    Depth guard(this);
     auto n = std::make_shared<Node>();
     n->line = line;
     if (kw == "if") {
@@ -350,6 +353,13 @@ class Parser {
     fail("unsupported tag '" + kw + "'");
   }
 
+  int64_t int_literal(const std::string& text) {
+    int64_t v = 0;
+    const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (r.ec != std::errc() || r.ptr != text.data() + text.size()) fail("integer literal out of range: " + text);
+    return v;
+  }
+
   ExprPtr make(Expr::Kind k, int line) {
     auto e = std::make_shared<Expr>();
     e->kind = k;
@@ -368,6 +378,15 @@ class Parser {
     }
     return t;
   }
+
+  // Bounds recursion so that deeply nested input is an error, not a stack overflow.
+  struct Depth {
+    Parser* p;
+    explicit Depth(Parser* parser) : p(parser) {
+      if (++p->depth_ > 200) p->fail("nesting too deep");
+    }
+    ~Depth() { --p->depth_; }
+  };
 
   ExprPtr parse_expr() { return parse_or(true); }
 
@@ -407,6 +426,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_not() {
+    Depth guard(this);
     if (is_name("not")) {
       auto u = make(Expr::Kind::kUnary, cur().line);
       ++p_;
@@ -480,6 +500,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_unary(bool with_filter) {
+    Depth guard(this);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       auto u = make(Expr::Kind::kUnary, cur().line);
@@ -503,7 +524,8 @@ class Parser {
     }
     if (tk.kind == Token::kInt || tk.kind == Token::kFloat) {
       auto e = make(Expr::Kind::kLiteral, tk.line);
-      e->literal = tk.kind == Token::kInt ? Value::integer(std::stoll(tk.value)) : Value::number(std::stod(tk.value));
+      e->literal = tk.kind == Token::kInt ? Value::integer(int_literal(tk.value))
+                                          : Value::number(std::strtod(tk.value.c_str(), nullptr));
       ++p_;
       return e;
     }
@@ -581,7 +603,7 @@ class Parser {
         if (cur().kind == Token::kInt) {
           a->kind = Expr::Kind::kItem;
           a->b = make(Expr::Kind::kLiteral, e->line);
-          a->b->literal = Value::integer(std::stoll(t_[p_++].value));
+          a->b->literal = Value::integer(int_literal(t_[p_++].value));
         } else {
           a->name = expect_name();
         }
@@ -658,6 +680,7 @@ class Parser {
   std::vector<Token> t_;
   const std::string& where_;
   size_t p_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

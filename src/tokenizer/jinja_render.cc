@@ -9,6 +9,10 @@
 namespace dflash::jinja {
 namespace {
 
+// Limits that turn runaway templates into errors rather than exhausted memory or time.
+constexpr uint64_t kMaxOutput = 64u << 20;
+constexpr int64_t kMaxIterations = 10000000;
+
 struct LoopSignal {
   bool is_break;
 };
@@ -21,7 +25,10 @@ class Renderer {
   }
 
   void run(const std::vector<NodePtr>& nodes, std::string& out) {
-    for (const auto& n : nodes) exec(*n, out);
+    for (const auto& n : nodes) {
+      exec(*n, out);
+      if (out.size() > kMaxOutput) fail(n->line, "output too long");
+    }
   }
 
  private:
@@ -125,6 +132,7 @@ class Renderer {
     }
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      if (++iterations_ > kMaxIterations) fail(n.line, "too many loop iterations");
       scopes_.emplace_back();
       bind(n, items[k]);
       Object loop{{"index", Value::integer(k + 1)},
@@ -177,11 +185,13 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
-    try {
-      return eval_inner(e);
-    } catch (const LoopSignal&) {
-      throw;
-    }
+    // Long operator chains parse iteratively but evaluate recursively.
+    if (++eval_depth_ > 1000) fail(e.line, "expression too deeply nested");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{eval_depth_};
+    return eval_inner(e);
   }
 
   Value eval_inner(const Expr& e) {
@@ -237,7 +247,10 @@ class Renderer {
       case Expr::Kind::kUnary: {
         const Value v = eval(*e.a);
         if (e.name == "not") return Value::boolean(!v.truthy());
-        if (v.kind == Value::Kind::kInt) return Value::integer(e.name == "-" ? -v.i : v.i);
+        if (v.kind == Value::Kind::kInt) {
+          if (e.name == "-" && v.i == INT64_MIN) fail(e.line, "integer overflow");
+          return Value::integer(e.name == "-" ? -v.i : v.i);
+        }
         if (v.kind == Value::Kind::kFloat) return Value::number(e.name == "-" ? -v.f : v.f);
         fail(e.line, "bad operand type for unary " + e.name + ": '" + v.type_name() + "'");
       }
@@ -316,6 +329,7 @@ class Renderer {
     if (op == "*" && ((a.is_string() && b.kind == Value::Kind::kInt) || (b.is_string() && a.kind == Value::Kind::kInt))) {
       const std::string& s = a.is_string() ? a.s : b.s;
       const int64_t n = a.is_string() ? b.i : a.i;
+      if (n > 0 && (static_cast<uint64_t>(n) > kMaxOutput || s.size() * static_cast<uint64_t>(n) > kMaxOutput)) fail(e.line, "string too long");
       std::string r;
       for (int64_t k = 0; k < n; ++k) r += s;
       return Value::string(r);
@@ -332,9 +346,13 @@ class Renderer {
     }
     if (ints) {
       const int64_t x = as_int(a), y = as_int(b);
-      if (op == "+") return Value::integer(x + y);
-      if (op == "-") return Value::integer(x - y);
-      if (op == "*") return Value::integer(x * y);
+      // Python integers do not overflow; ours report it instead.
+      int64_t r = 0;
+      if ((op == "+" && __builtin_add_overflow(x, y, &r)) || (op == "-" && __builtin_sub_overflow(x, y, &r)) ||
+          (op == "*" && __builtin_mul_overflow(x, y, &r)) ||
+          ((op == "//" || op == "%") && x == INT64_MIN && y == -1))
+        fail(e.line, "integer overflow");
+      if (op == "+" || op == "-" || op == "*") return Value::integer(r);
       if ((op == "//" || op == "%") && y == 0) fail(e.line, "division by zero");
       if (op == "//") return Value::integer(x / y - ((x % y != 0) && ((x < 0) != (y < 0))));
       if (op == "%") {
@@ -343,9 +361,10 @@ class Renderer {
         return Value::integer(m);
       }
       if (op == "**" && y >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < y; ++k) r *= x;
-        return Value::integer(r);
+        int64_t p = 1;
+        for (int64_t k = 0; k < y && p != 0; ++k)
+          if (__builtin_mul_overflow(p, x, &p)) fail(e.line, "integer overflow");
+        return Value::integer(p);
       }
     }
     const double x = as_num(a), y = as_num(b);
@@ -360,6 +379,8 @@ class Renderer {
 
   const std::string& where_;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
+  int64_t iterations_ = 0;
+  int eval_depth_ = 0;
 };
 
 }  // namespace

@@ -376,7 +376,16 @@ std::vector<char32_t> to_u32(const std::string& s) {
   std::vector<char32_t> out;
   out.reserve(s.size());
   size_t i = 0;
-  while (i < s.size()) out.push_back(utf8::next_code_point(s, i));
+  while (i < s.size()) {
+    size_t bad = 1;
+    if (utf8::sequence_length(s, i, &bad) == 0) {
+      // Callers may pass strings built outside JSON parsing; never read past the end.
+      out.push_back(0xFFFD);
+      i += bad;
+      continue;
+    }
+    out.push_back(utf8::next_code_point(s, i));
+  }
   return out;
 }
 

@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
       throw Error("cpu rms_norm: " + x.describe() + " with groups of " + std::to_string(group));
     const int64_t groups = x.cols / group;
     const float* wp = w.ptr<float>();
-#pragma omp parallel for collapse(2) if (x.rows * x.cols > 16384)
+#pragma omp parallel for collapse(2) if (x.rows * x.cols > (1 << 16))
     for (int64_t r = 0; r < x.rows; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
         const float* in = x.ptr<float>() + r * x.ld + g * group;
@@ -137,7 +137,9 @@ class CpuBackend final : public Backend {
     const int64_t hq = q.cols / head_dim, hkv = k.cols / head_dim, group = hq / hkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const int64_t T = q.rows;
-#pragma omp parallel
+    // Threads only pay once there is real work; for tiny shapes the fork costs more.
+    const bool parallel = T * hq * kv_len * head_dim > (1 << 18);
+#pragma omp parallel if (parallel)
     {
       std::vector<float> scores(kv_len);
       std::vector<float> acc(head_dim);
@@ -176,7 +178,7 @@ class CpuBackend final : public Backend {
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
     const int64_t I = out.cols;
-#pragma omp parallel for if (out.numel() > 16384)
+#pragma omp parallel for if (out.numel() > (1 << 16))
     for (int64_t r = 0; r < out.rows; ++r) {
       const float* g = gate_up.ptr<float>() + r * gate_up.ld;
       const float* u = g + I;

@@ -1,0 +1,166 @@
+// dflash bench: plain against speculative decoding over a prompt file, and the CPU's
+// memory-bandwidth bound for plain decoding, measured in the same run.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "util/error.h"
+
+namespace dflash::cli {
+namespace {
+
+struct BenchArgs {
+  ModelArgs model;
+  std::string prompts_file;
+  std::string prompt_ids;
+  std::string json_out;
+  int max_new_tokens = 128;
+  bool chat = false;
+  bool bandwidth = false;
+  bool ignore_eos = false;
+};
+
+struct BenchPrompt {
+  std::string name;
+  std::vector<int32_t> ids;
+  int max_new_tokens;
+};
+
+std::vector<BenchPrompt> read_prompts(const BenchArgs& a, const LoadedModels& m) {
+  std::vector<BenchPrompt> out;
+  if (!a.prompt_ids.empty()) out.push_back({"prompt-ids", parse_token_ids(a.prompt_ids), a.max_new_tokens});
+  if (a.prompts_file.empty()) return out;
+  std::ifstream in(a.prompts_file);
+  if (!in) throw Error(a.prompts_file + ": cannot open");
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(a.prompts_file + ":" + std::to_string(n) + ": malformed JSON: " + e.what());
+    }
+    BenchPrompt p;
+    p.name = j.value("name", "line " + std::to_string(n));
+    p.max_new_tokens = j.value("max_new_tokens", a.max_new_tokens);
+    if (j.contains("prompt_ids")) p.ids = j["prompt_ids"].get<std::vector<int32_t>>();
+    else if (j.contains("prompt") && j["prompt"].is_string())
+      p.ids = encode_prompt(j["prompt"].get<std::string>(), a.chat, "", false, m);
+    else throw Error(a.prompts_file + ":" + std::to_string(n) + ": needs \"prompt\" (text) or \"prompt_ids\"");
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Copy bandwidth of this machine (bytes read + bytes written per second) over a buffer far
+// larger than the caches; the best of a few passes.
+double copy_bandwidth() {
+  const size_t n = size_t(1) << 28;  // 256 MiB each way
+  std::vector<char> src(n, 1), dst(n, 0);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * double(n) / s);
+    src[rep] = dst[n - 1 - rep];  // keep the copies observable
+  }
+  return best;
+}
+
+// Bytes the CPU backend reads per plain decode token: every f32 weight once (the embedding
+// row read is negligible, the LM head is a full read).
+double weight_bytes_per_token(const Qwen3Config& c) {
+  const double H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const double per_layer = H * D * (c.num_attention_heads * 2.0 + c.num_key_value_heads * 2.0) + 3 * H * I + 2 * H + 2 * D;
+  return 4.0 * (c.num_hidden_layers * per_layer + double(c.vocab_size) * H + H);
+}
+
+int run_bench(BenchArgs& a) {
+  LoadedModels m = load_models(a.model);
+  const auto prompts = read_prompts(a, m);
+  if (prompts.empty()) throw Error("give prompts with --prompts FILE.jsonl or --prompt-ids");
+  nlohmann::json report = {{"model", a.model.model_dir}, {"draft", a.model.draft_dir}, {"device", m.backend->name()}};
+  if (a.bandwidth) {
+    const double bw = copy_bandwidth(), bytes = weight_bytes_per_token(m.target->config());
+    report["copy_bandwidth_gbs"] = bw / 1e9;
+    report["weight_bytes_per_token"] = bytes;
+    report["bandwidth_bound_tokens_per_second"] = bw / bytes;
+    std::printf("copy bandwidth %.2f GB/s (read + write); %.1f MB of weights per token; bound %.2f tokens/s\n",
+                bw / 1e9, bytes / 1e6, bw / bytes);
+  }
+  std::printf("%-24s %7s %12s %12s %8s %6s  %s\n", "prompt", "tokens", "plain tok/s", "spec tok/s", "speedup", "tau",
+              "acceptance histogram / block");
+  GenerationStats spec_total, plain_total;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& p : prompts) {
+    GenerationRequest req;
+    req.prompt = p.ids;
+    req.max_new_tokens = p.max_new_tokens;
+    if (!a.ignore_eos) req.eos_ids = m.eos_ids();
+    const auto plain = m.engine->generate_plain(req);
+    plain_total.merge(plain.stats);
+    nlohmann::json row = {{"name", p.name}, {"prompt_tokens", p.ids.size()}, {"plain", plain.stats.to_json()}};
+    const double plain_tps = plain.stats.decode_tokens_per_second();
+    if (m.drafter) {
+      const auto spec = m.engine->generate_speculative(req);
+      spec_total.merge(spec.stats);
+      const double spec_tps = spec.stats.decode_tokens_per_second();
+      row["speculative"] = spec.stats.to_json();
+      row["speedup"] = spec_tps / plain_tps;
+      row["identical_output"] = spec.tokens == plain.tokens;
+      std::string hist;
+      for (auto c : spec.stats.acceptance_histogram) hist += std::to_string(c) + " ";
+      hist += "/ " + std::to_string(spec.stats.final_block_size);
+      std::printf("%-24.24s %7zu %12.1f %12.1f %7.2fx %6.2f  %s%s\n", p.name.c_str(), plain.tokens.size(), plain_tps,
+                  spec_tps, spec_tps / plain_tps, spec.stats.mean_acceptance_length(), hist.c_str(),
+                  spec.tokens == plain.tokens ? "" : "  OUTPUT DIFFERS");
+    } else {
+      std::printf("%-24.24s %7zu %12.1f\n", p.name.c_str(), plain.tokens.size(), plain_tps);
+    }
+    rows.push_back(row);
+  }
+  report["prompts"] = rows;
+  report["plain_total"] = plain_total.to_json();
+  const double plain_tps = plain_total.decode_tokens_per_second();
+  if (m.drafter) {
+    report["speculative_total"] = spec_total.to_json();
+    const double spec_tps = spec_total.decode_tokens_per_second();
+    report["speedup"] = spec_tps / plain_tps;
+    std::printf("%-24s %7lld %12.1f %12.1f %7.2fx %6.2f\n", "ALL", (long long)spec_total.generated_tokens, plain_tps,
+                spec_tps, spec_tps / plain_tps, spec_total.mean_acceptance_length());
+    std::printf("%s", spec_total.to_text().c_str());
+  } else {
+    std::printf("%-24s %7lld %12.1f\n", "ALL", (long long)plain_total.generated_tokens, plain_tps);
+  }
+  if (!a.json_out.empty()) {
+    std::ofstream(a.json_out) << report.dump(2) << "\n";
+    std::printf("wrote %s\n", a.json_out.c_str());
+  }
+  return 0;
+}
+
+RegisterCommand reg("bench", "Benchmark plain against speculative decoding over a prompt file",
+                    [](CLI::App& sub) -> std::function<int()> {
+  auto a = std::make_shared<BenchArgs>();
+  add_model_options(sub, a->model);
+  sub.add_option("--prompts", a->prompts_file, "JSON lines: {\"prompt\": text} or {\"prompt_ids\": [...]}, optional \"name\", \"max_new_tokens\"");
+  sub.add_option("--prompt-ids", a->prompt_ids, "One prompt as comma-separated token ids");
+  sub.add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens per prompt (default 128)")->check(CLI::PositiveNumber);
+  sub.add_flag("--chat", a->chat, "Wrap text prompts in the chat template");
+  sub.add_flag("--ignore-eos", a->ignore_eos, "Generate max-new-tokens even past end-of-sequence");
+  sub.add_flag("--bandwidth", a->bandwidth, "Also measure copy bandwidth and the plain-decode bound");
+  sub.add_option("--json", a->json_out, "Write the results as JSON");
+  return [a] { return run_bench(*a); };
+});
+
+}  // namespace
+}  // namespace dflash::cli
