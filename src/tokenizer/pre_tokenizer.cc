@@ -126,7 +126,10 @@ class ByteLevelPre : public PreTokenizer {
     if (add_prefix_space_) {
       for (auto& p : pieces) {
         if (!p.empty() && p[0] == ' ') continue;
-        arena.push_back(" " + std::string(p));
+        std::string& spaced = arena.emplace_back();
+        spaced.reserve(p.size() + 1);
+        spaced += ' ';
+        spaced += p;
         p = arena.back();
       }
     }
