@@ -12,7 +12,7 @@ run_main=1
 
 packages=(
   build-essential cmake pkg-config git
-  libopenblas-dev libpcre2-dev libutf8proc-dev
+  libopenblas-openmp-dev libpcre2-dev libutf8proc-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev
   clang libclang-rt-14-dev

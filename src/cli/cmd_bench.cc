@@ -76,21 +76,13 @@ double copy_bandwidth() {
   return best;
 }
 
-// Bytes the CPU backend reads per plain decode token: every f32 weight once (the embedding
-// row read is negligible, the LM head is a full read).
-double weight_bytes_per_token(const Qwen3Config& c) {
-  const double H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
-  const double per_layer = H * D * (c.num_attention_heads * 2.0 + c.num_key_value_heads * 2.0) + 3 * H * I + 2 * H + 2 * D;
-  return 4.0 * (c.num_hidden_layers * per_layer + double(c.vocab_size) * H + H);
-}
-
 int run_bench(BenchArgs& a) {
   LoadedModels m = load_models(a.model);
   const auto prompts = read_prompts(a, m);
   if (prompts.empty()) throw Error("give prompts with --prompts FILE.jsonl or --prompt-ids");
   nlohmann::json report = {{"model", a.model.model_dir}, {"draft", a.model.draft_dir}, {"device", m.backend->name()}};
   if (a.bandwidth) {
-    const double bw = copy_bandwidth(), bytes = weight_bytes_per_token(m.target->config());
+    const double bw = copy_bandwidth(), bytes = double(m.target->weight_bytes_per_token());
     report["copy_bandwidth_gbs"] = bw / 1e9;
     report["weight_bytes_per_token"] = bytes;
     report["bandwidth_bound_tokens_per_second"] = bw / bytes;

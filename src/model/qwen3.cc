@@ -116,6 +116,16 @@ SequenceState Qwen3Model::new_sequence(int64_t capacity) const {
   return SequenceState(std::move(kv), capacity);
 }
 
+int64_t Qwen3Model::weight_bytes_per_token() const {
+  auto bytes = [](const Tensor& t) { return t.numel() * int64_t(dtype_size(t.dtype)); };
+  int64_t total = bytes(lm_head_) + bytes(final_norm_);
+  for (const auto& l : layers_)
+    for (const Tensor* t : {&l.input_norm, &l.post_attention_norm, &l.q_proj, &l.kv_proj, &l.q_norm, &l.k_norm,
+                            &l.o_proj, &l.gate_up_proj, &l.down_proj})
+      total += bytes(*t);
+  return total;
+}
+
 void Qwen3Model::project_to_vocab(const Tensor& normed_hidden, Tensor& logits) const {
   backend_.matmul(normed_hidden, lm_head_, logits);
 }

@@ -50,6 +50,10 @@ class Qwen3Model {
   ForwardOutput forward(SequenceState& state, const std::vector<int32_t>& tokens, bool all_logits,
                         const std::vector<int>& feature_layers = {});
 
+  // Weight bytes one decode step streams: every layer and the LM head (the embedding is only
+  // gathered). The memory-bandwidth bound of plain decoding is bandwidth / this.
+  int64_t weight_bytes_per_token() const;
+
   // Borrowed by the drafter.
   const Tensor& embed_tokens() const { return embed_; }
   // logits = hidden · lm_headᵀ, on hidden states already normalised (the drafter applies its

@@ -1,6 +1,7 @@
 // The CPU backend: f32 activations and weights (bf16/f16 checkpoints are widened once at
 // load), OpenBLAS for the matrix products, OpenMP for the loops that are not matrix products.
 #include <cblas.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -36,6 +37,68 @@ void check_f32(const Tensor& t, const char* op) {
   if (t.dtype != DType::F32) throw Error(std::string("cpu ") + op + ": expected F32, got " + t.describe());
 }
 
+// y[m, n] (+)= Σ_k x[m, k] · w[n, k] with bf16 w, for a few rows of x: each weight row is
+// streamed from memory once and widened in registers; the loop is what decode time is.
+template <int M>
+void skinny_matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
+  const int64_t K = w.cols;
+  const float* xs[M];
+  for (int m = 0; m < M; ++m) xs[m] = x.ptr<float>() + m * x.ld;
+#pragma omp parallel for schedule(static) if (w.rows * K > (1 << 16))
+  for (int64_t n = 0; n < w.rows; ++n) {
+    const uint16_t* wr = w.ptr<uint16_t>() + n * w.ld;
+    float acc[M] = {};
+#ifdef __AVX512F__
+    __m512 vacc[M];
+    for (int m = 0; m < M; ++m) vacc[m] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + k));
+      const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      for (int m = 0; m < M; ++m) vacc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs[m] + k), vacc[m]);
+    }
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_reduce_add_ps(vacc[m]);
+#else
+    int64_t k = 0;
+#endif
+    for (; k < K; ++k) {
+      const uint32_t bits = uint32_t(wr[k]) << 16;
+      float wv;
+      std::memcpy(&wv, &bits, 4);
+      for (int m = 0; m < M; ++m) acc[m] += wv * xs[m][k];
+    }
+    for (int m = 0; m < M; ++m) {
+      float* out = y.ptr<float>() + m * y.ld + n;
+      *out = accumulate ? *out + acc[m] : acc[m];
+    }
+  }
+}
+
+// Many rows: widen a band of weight rows to f32 and let BLAS multiply it; the widening is
+// paid once per band for all rows of x.
+void banded_matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
+  const int64_t K = w.cols, band = std::max<int64_t>(64, (int64_t(1) << 22) / std::max<int64_t>(K, 1));
+  std::vector<float> buf(size_t(std::min(band, w.rows) * K));
+  for (int64_t n0 = 0; n0 < w.rows; n0 += band) {
+    const int64_t nb = std::min(band, w.rows - n0);
+#pragma omp parallel for schedule(static) if (nb * K > (1 << 16))
+    for (int64_t r = 0; r < nb; ++r)
+      convert_to_f32(DType::BF16, w.ptr<uint16_t>() + (n0 + r) * w.ld, buf.data() + r * K, K);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, x.rows, nb, K, 1.0f, x.ptr<float>(), x.ld, buf.data(), K,
+                accumulate ? 1.0f : 0.0f, y.ptr<float>() + n0, y.ld);
+  }
+}
+
+void matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
+  switch (x.rows) {
+    case 1: return skinny_matmul_bf16<1>(x, w, y, accumulate);
+    case 2: return skinny_matmul_bf16<2>(x, w, y, accumulate);
+    case 3: return skinny_matmul_bf16<3>(x, w, y, accumulate);
+    case 4: return skinny_matmul_bf16<4>(x, w, y, accumulate);
+    default: return banded_matmul_bf16(x, w, y, accumulate);
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
@@ -46,20 +109,29 @@ class CpuBackend final : public Backend {
     return make_host_tensor(rows, cols, dtype);
   }
 
+  // 2-D bf16 weights stay bf16 (half the bytes to stream per token; widened inside the
+  // matrix kernels); everything else is widened to f32 once here.
   Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
     int64_t rows = 0, cols = -1;
+    bool keep_bf16 = true;
     for (const auto* p : parts) {
       const int64_t r = p->shape.size() == 1 ? 1 : p->shape[0];
       const int64_t c = p->shape.size() == 1 ? p->shape[0] : p->numel() / p->shape[0];
       if (cols >= 0 && c != cols) throw Error("cannot fuse '" + p->name + "': column count differs");
       cols = c;
       rows += r;
+      keep_bf16 = keep_bf16 && p->dtype == DType::BF16 && p->shape.size() == 2;
     }
-    Tensor t = make_host_tensor(rows, cols, DType::F32);
-    float* dst = t.ptr<float>();
+    Tensor t = make_host_tensor(rows, cols, keep_bf16 ? DType::BF16 : DType::F32);
+    char* dst = static_cast<char*>(t.data);
     for (const auto* p : parts) {
-      convert_to_f32(p->dtype, p->data, dst, p->numel());
-      dst += p->numel();
+      if (keep_bf16) {
+        std::memcpy(dst, p->data, p->nbytes);
+        dst += p->nbytes;
+      } else {
+        convert_to_f32(p->dtype, p->data, reinterpret_cast<float*>(dst), p->numel());
+        dst += p->numel() * sizeof(float);
+      }
     }
     return t;
   }
@@ -78,10 +150,14 @@ class CpuBackend final : public Backend {
 
   void matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) override {
     check_f32(x, "matmul");
-    check_f32(w, "matmul");
     check_f32(y, "matmul");
     if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
       throw Error("cpu matmul: shapes " + x.describe() + " · " + w.describe() + "ᵀ → " + y.describe());
+    if (w.dtype == DType::BF16) {
+      matmul_bf16(x, w, y, accumulate);
+      return;
+    }
+    check_f32(w, "matmul");
     if (x.rows == 1) {
       cblas_sgemv(CblasRowMajor, CblasNoTrans, w.rows, w.cols, 1.0f, w.ptr<float>(), w.ld,
                   x.ptr<float>(), 1, accumulate ? 1.0f : 0.0f, y.ptr<float>(), 1);
@@ -192,8 +268,11 @@ class CpuBackend final : public Backend {
       if (ids[r] < 0 || ids[r] >= table.rows)
         throw Error("token id " + std::to_string(ids[r]) + " is outside the embedding table (" +
                     std::to_string(table.rows) + " rows)");
-      std::memcpy(out.ptr<float>() + r * out.ld, table.ptr<float>() + ids[r] * table.ld,
-                  table.cols * sizeof(float));
+      float* dst = out.ptr<float>() + r * out.ld;
+      if (table.dtype == DType::BF16)
+        convert_to_f32(DType::BF16, table.ptr<uint16_t>() + ids[r] * table.ld, dst, table.cols);
+      else
+        std::memcpy(dst, table.ptr<float>() + ids[r] * table.ld, table.cols * sizeof(float));
     }
   }
 
