@@ -33,7 +33,8 @@ class Backend {
   virtual Tensor upload(const float* host, int64_t rows, int64_t cols) = 0;
   virtual void download(const Tensor& t, float* host) = 0;  // rows × cols, packed
 
-  // y = x · wᵀ, or y += x · wᵀ when accumulate.  x [M, K], w [N, K], y [M, N].
+  // y = x · wᵀ, or y += x · wᵀ when accumulate.  x [M, K], w [N, K], y [M, N]; y is in the
+  // activation dtype, or F32 (logits) on any backend.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate = false) = 0;
   // Each group of `group` consecutive elements of a row is RMS-normalised and scaled by w[group].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) = 0;

@@ -248,7 +248,7 @@ Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size
     decoder_layer_attention_mlp(b, layers_[l], c, rope_, x, pos, state.kv(l), s, s + B, AttentionMask::None, scratch);
   Tensor normed = scratch.h.slice_rows(0, B - 1);
   b.rms_norm(x.slice_rows(1, B - 1), final_norm_, eps, H, normed);
-  Tensor logits = b.alloc(B - 1, target_.config().vocab_size, dt);
+  Tensor logits = b.alloc(B - 1, target_.config().vocab_size, DType::F32);  // logits stay f32 on every backend
   target_.project_to_vocab(normed, logits);
   return logits;
 }

@@ -173,7 +173,7 @@ ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_
   Tensor last = x.slice_rows(T - rows, rows);
   Tensor normed = scratch.h.slice_rows(0, rows);
   b.rms_norm(last, final_norm_, static_cast<float>(c.rms_norm_eps), H, normed);
-  out.logits = b.alloc(rows, c.vocab_size, dt);
+  out.logits = b.alloc(rows, c.vocab_size, DType::F32);  // f32 on every backend: sampling and argmax need it
   project_to_vocab(normed, out.logits);
   return out;
 }
