@@ -102,7 +102,7 @@ def main():
     tok = AutoTokenizer.from_pretrained(args.target)
     eos_ids = [tok.eos_token_id]
     if args.prompts_in:
-        prompts = [json.loads(l) for l in open(args.prompts_in)]
+        prompts = [json.loads(l) for l in open(args.prompts_in)][: args.n_prompts]
         for p in prompts:
             if "prompt_ids" not in p:
                 p["prompt_ids"] = tok(p["prompt"], add_special_tokens=False)["input_ids"]
