@@ -1,0 +1,414 @@
+// The CUDA backend: bf16 weights and activations (KV caches included), f32 accumulation
+// everywhere, f32 logits. One stream carries every op; the host waits only where it must
+// read results (download, argmax_rows). Matrix products of more than kSkinnyMaxRows rows go
+// to cuBLAS; decode and verification products go to the batch-invariant skinny kernel.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/device_pool.h"
+#include "backend/cuda/kernels.h"
+
+namespace dflash {
+namespace cuda {
+namespace {
+
+Elem elem_of(const Tensor& t, const char* op) {
+  if (t.dtype == DType::F32) return Elem::F32;
+  if (t.dtype == DType::BF16) return Elem::BF16;
+  throw Error(std::string("cuda ") + op + ": unsupported dtype " + t.describe());
+}
+
+void expect(const Tensor& t, DType dt, const char* op, const char* what) {
+  if (t.device != DeviceKind::CUDA)
+    throw Error(std::string("cuda ") + op + ": " + what + " is not a CUDA tensor (" + t.describe() + ")");
+  if (t.dtype != dt)
+    throw Error(std::string("cuda ") + op + ": " + what + " must be " + dtype_name(dt) + ", got " + t.describe());
+}
+
+void expect_device(const Tensor& t, const char* op, const char* what) {
+  if (t.device != DeviceKind::CUDA)
+    throw Error(std::string("cuda ") + op + ": " + what + " is not a CUDA tensor (" + t.describe() + ")");
+}
+
+void expect_same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.rows != b.rows || a.cols != b.cols)
+    throw Error(std::string("cuda ") + op + ": shapes differ: " + a.describe() + " and " + b.describe());
+}
+
+// The table of one RopeTable as last uploaded; the parameters are kept to notice a different
+// table that happens to reuse the address of a destroyed one.
+struct RopeEntry {
+  std::shared_ptr<void> cos, sin;
+  int64_t size = 0;
+  int head_dim = 0;
+  float scaling = 0.f;
+  std::vector<float> inv_freq;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() : pool_(std::make_shared<DevicePool>()) {
+    check(cudaSetDevice(0), "init", "cudaSetDevice");
+    // Blocking with respect to the legacy default stream, so a stray synchronous cudaMemcpy
+    // elsewhere still orders correctly with this stream.
+    check(cudaStreamCreate(&stream_), "init", "cudaStreamCreate");
+    check_blas(cublasCreate(&blas_), "init", "cublasCreate");
+    check_blas(cublasSetStream(blas_, stream_), "init", "cublasSetStream");
+    // A fixed workspace: cuBLAS would otherwise allocate its own on first use of some kernels.
+    workspace_ = pool_->allocate(kWorkspaceBytes, "init");
+    check_blas(cublasSetWorkspace(blas_, workspace_.get(), kWorkspaceBytes), "init", "cublasSetWorkspace");
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    rope_.clear();
+    workspace_.reset();
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  DeviceKind device() const override { return DeviceKind::CUDA; }
+  DType activation_dtype() const override { return DType::BF16; }
+
+  Tensor alloc(int64_t rows, int64_t cols, DType dtype) override {
+    Tensor t;
+    t.storage = pool_->allocate(size_t(rows * cols) * dtype_size(dtype), "alloc");
+    t.data = t.storage.get();
+    t.dtype = dtype;
+    t.device = DeviceKind::CUDA;
+    t.rows = rows;
+    t.cols = cols;
+    t.ld = cols;
+    return t;
+  }
+
+  // 2-D weights (projections, embeddings) become bf16 whatever the checkpoint stores; 1-D
+  // ones (norm scales) become f32: they are tiny, and f32 keeps them exact for every source
+  // dtype.
+  Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
+    int64_t rows = 0, cols = -1;
+    bool matrix = true;
+    for (const auto* p : parts) {
+      const int64_t r = p->shape.size() == 1 ? 1 : p->shape[0];
+      const int64_t c = p->shape.size() == 1 ? p->shape[0] : p->numel() / p->shape[0];
+      if (cols >= 0 && c != cols) throw Error("cannot fuse '" + p->name + "': column count differs");
+      cols = c;
+      rows += r;
+      matrix = matrix && p->shape.size() == 2;
+      if (p->dtype != DType::BF16 && p->dtype != DType::F16 && p->dtype != DType::F32)
+        throw Error("cuda upload_weight: tensor '" + p->name + "' has dtype " + dtype_name(p->dtype));
+    }
+    const DType dt = matrix ? DType::BF16 : DType::F32;
+    Tensor t;
+    const size_t bytes = size_t(rows * cols) * dtype_size(dt);
+    void* p = nullptr;
+    // Weights live as long as the model: straight from the driver, not through the pool.
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "upload_weight",
+          ("allocating " + std::to_string(bytes) + " bytes for '" + parts.front()->name + "'").c_str());
+    t.storage = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    t.data = p;
+    t.dtype = dt;
+    t.device = DeviceKind::CUDA;
+    t.rows = rows;
+    t.cols = cols;
+    t.ld = cols;
+    char* dst = static_cast<char*>(p);
+    std::vector<uint16_t> half;
+    std::vector<float> wide;
+    for (const auto* part : parts) {
+      const size_t n = size_t(part->numel());
+      const void* src = part->data;
+      if (dt == DType::BF16 && part->dtype != DType::BF16) {
+        wide.resize(n);
+        convert_to_f32(part->dtype, part->data, wide.data(), n);
+        half.resize(n);
+        for (size_t i = 0; i < n; ++i) half[i] = f32_to_bf16(wide[i]);
+        src = half.data();
+      } else if (dt == DType::F32 && part->dtype != DType::F32) {
+        wide.resize(n);
+        convert_to_f32(part->dtype, part->data, wide.data(), n);
+        src = wide.data();
+      }
+      const size_t nb = n * dtype_size(dt);
+      // Synchronous: the staging vectors are reused for the next part.
+      check(cudaMemcpy(dst, src, nb, cudaMemcpyHostToDevice), "upload_weight",
+            ("copying '" + part->name + "' to the device").c_str());
+      dst += nb;
+    }
+    return t;
+  }
+
+  Tensor upload(const float* host, int64_t rows, int64_t cols) override {
+    Tensor t = alloc(rows, cols, DType::F32);
+    check(cudaMemcpyAsync(t.data, host, size_t(rows * cols) * sizeof(float), cudaMemcpyHostToDevice, stream_),
+          "upload", "host to device copy");
+    return t;
+  }
+
+  void download(const Tensor& t, float* host) override {
+    expect_device(t, "download", "source");
+    if (t.numel() == 0) return;
+    Tensor src = t;
+    if (t.dtype != DType::F32) {  // widen on the device, then one packed copy
+      src = alloc(t.rows, t.cols, DType::F32);
+      copy_convert(t.data, t.ld, elem_of(t, "download"), src.data, src.ld, Elem::F32, t.rows, t.cols, stream_);
+    }
+    check(cudaMemcpy2DAsync(host, size_t(t.cols) * sizeof(float), src.data, size_t(src.ld) * sizeof(float),
+                            size_t(t.cols) * sizeof(float), size_t(t.rows), cudaMemcpyDeviceToHost, stream_),
+          "download", "device to host copy");
+    check(cudaStreamSynchronize(stream_), "download", "synchronising the stream");
+  }
+
+  void matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) override {
+    expect(x, DType::BF16, "matmul", "x");
+    expect(w, DType::BF16, "matmul", "w");
+    expect_device(y, "matmul", "y");
+    const Elem ye = elem_of(y, "matmul");
+    if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
+      throw Error("cuda matmul: shapes " + x.describe() + " · " + w.describe() + "ᵀ → " + y.describe());
+    const int64_t M = x.rows, N = w.rows, K = x.cols;
+    if (M == 0 || N == 0) return;
+    if (M <= kSkinnyMaxRows) {
+      skinny_matmul(x.data, x.ld, w.data, w.ld, y.data, y.ld, ye, int(M), int(N), int(K), accumulate, stream_);
+      return;
+    }
+    // Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ[N,M] = w·xᵀ with w read transposed.
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w.data, CUDA_R_16BF,
+                            int(w.ld), x.data, CUDA_R_16BF, int(x.ld), &beta, y.data,
+                            ye == Elem::F32 ? CUDA_R_32F : CUDA_R_16BF, int(y.ld), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               "matmul", ("cublasGemmEx " + x.describe() + " · " + w.describe() + "ᵀ").c_str());
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) override {
+    expect_device(x, "rms_norm", "x");
+    expect_device(w, "rms_norm", "w");
+    expect_device(y, "rms_norm", "y");
+    if (group <= 0 || x.cols % group || w.numel() != group)
+      throw Error("cuda rms_norm: " + x.describe() + " with groups of " + std::to_string(group) + ", weight " +
+                  w.describe());
+    expect_same_shape(x, y, "rms_norm");
+    cuda::rms_norm(x.data, x.ld, elem_of(x, "rms_norm"), w.data, elem_of(w, "rms_norm"), y.data, y.ld,
+                   elem_of(y, "rms_norm"), x.rows, x.cols, group, eps, stream_);
+  }
+
+  void rope(Tensor& x, const std::vector<int32_t>& positions, int64_t head_dim, const RopeTable& table) override {
+    expect(x, DType::BF16, "rope", "x");
+    if (static_cast<int64_t>(positions.size()) != x.rows)
+      throw Error("cuda rope: " + std::to_string(positions.size()) + " positions for " + x.describe());
+    if (head_dim % 2 || x.cols % head_dim || table.head_dim() != head_dim)
+      throw Error("cuda rope: head_dim " + std::to_string(head_dim) + " for " + x.describe() + " and a table of " +
+                  std::to_string(table.head_dim()));
+    bool consecutive = true;
+    for (size_t r = 0; r < positions.size(); ++r) {
+      if (positions[r] < 0 || positions[r] >= table.size()) throw Error("cuda rope: position outside the table");
+      consecutive = consecutive && positions[r] == positions[0] + int32_t(r);
+    }
+    if (x.rows == 0) return;
+    const RopeEntry& e = rope_table(table);
+    // Positions are nearly always a run (a prompt, a block): then they travel as one number.
+    std::shared_ptr<void> dev_pos;
+    if (!consecutive) dev_pos = upload_ints(positions, "rope");
+    cuda::rope(x.data, x.ld, x.rows, x.cols / head_dim, head_dim, static_cast<const int32_t*>(dev_pos.get()),
+               positions[0], static_cast<const float*>(e.cos.get()), static_cast<const float*>(e.sin.get()), stream_);
+  }
+
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
+                 AttentionMask mask, Tensor& out) override {
+    expect(q, DType::BF16, "attention", "q");
+    expect(k, DType::BF16, "attention", "k");
+    expect(v, DType::BF16, "attention", "v");
+    expect(out, DType::BF16, "attention", "out");
+    if (head_dim <= 0 || q.cols % head_dim || k.cols % head_dim || k.cols != v.cols || out.rows != q.rows ||
+        out.cols != q.cols)
+      throw Error("cuda attention: q " + q.describe() + ", k " + k.describe() + ", v " + v.describe() + ", out " +
+                  out.describe() + ", head_dim " + std::to_string(head_dim));
+    const int64_t hq = q.cols / head_dim, hkv = k.cols / head_dim;
+    if (hkv == 0 || hq % hkv) throw Error("cuda attention: " + std::to_string(hq) + " query heads over " +
+                                          std::to_string(hkv) + " key/value heads");
+    if (kv_len < 0 || kv_len > k.rows || kv_len > v.rows)
+      throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " beyond the cache (" + k.describe() + ")");
+    cuda::attention(q.data, q.ld, k.data, k.ld, v.data, v.ld, out.data, out.ld, q.rows, hq, hkv, head_dim, kv_len,
+                    q_pos0, mask == AttentionMask::Causal, stream_);
+  }
+
+  void silu_mul(const Tensor& gate_up, Tensor& out) override {
+    expect_device(gate_up, "silu_mul", "gate_up");
+    expect_device(out, "silu_mul", "out");
+    if (gate_up.rows != out.rows || gate_up.cols != 2 * out.cols)
+      throw Error("cuda silu_mul: " + gate_up.describe() + " → " + out.describe());
+    cuda::silu_mul(gate_up.data, gate_up.ld, elem_of(gate_up, "silu_mul"), out.data, out.ld, elem_of(out, "silu_mul"),
+                   out.rows, out.cols, stream_);
+  }
+
+  void embed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& out) override {
+    expect_device(table, "embed", "table");
+    expect_device(out, "embed", "out");
+    if (out.rows != static_cast<int64_t>(ids.size()) || out.cols != table.cols)
+      throw Error("cuda embed: " + std::to_string(ids.size()) + " ids from " + table.describe() + " into " +
+                  out.describe());
+    for (int32_t id : ids)
+      if (id < 0 || id >= table.rows)
+        throw Error("token id " + std::to_string(id) + " is outside the embedding table (" +
+                    std::to_string(table.rows) + " rows)");
+    if (ids.empty()) return;
+    auto dev_ids = upload_ints(ids, "embed");
+    cuda::embed(static_cast<const int32_t*>(dev_ids.get()), static_cast<int64_t>(ids.size()), table.data, table.ld,
+                elem_of(table, "embed"), table.cols, out.data, out.ld, elem_of(out, "embed"), stream_);
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    expect_device(src, "copy", "src");
+    expect_device(dst, "copy", "dst");
+    expect_same_shape(src, dst, "copy");
+    if (src.numel() == 0) return;
+    if (src.dtype == dst.dtype) {
+      const size_t es = dtype_size(src.dtype);
+      check(cudaMemcpy2DAsync(dst.data, size_t(dst.ld) * es, src.data, size_t(src.ld) * es, size_t(src.cols) * es,
+                              size_t(src.rows), cudaMemcpyDeviceToDevice, stream_),
+            "copy", ("device to device copy " + src.describe() + " → " + dst.describe()).c_str());
+      return;
+    }
+    copy_convert(src.data, src.ld, elem_of(src, "copy"), dst.data, dst.ld, elem_of(dst, "copy"), src.rows, src.cols,
+                 stream_);
+  }
+
+  void add(const Tensor& x, Tensor& y) override {
+    expect_device(x, "add", "x");
+    expect_device(y, "add", "y");
+    expect_same_shape(x, y, "add");
+    cuda::add(x.data, x.ld, elem_of(x, "add"), y.data, y.ld, elem_of(y, "add"), x.rows, x.cols, stream_);
+  }
+
+  std::vector<int32_t> argmax_rows(const Tensor& x) override {
+    expect(x, DType::F32, "argmax_rows", "x");
+    std::vector<int32_t> out(size_t(x.rows));
+    if (x.rows == 0) return out;
+    auto dev = pool_->allocate(out.size() * sizeof(int32_t), "argmax_rows");
+    cuda::argmax_rows(x.ptr<float>(), x.ld, x.rows, x.cols, static_cast<int32_t*>(dev.get()), stream_);
+    check(cudaMemcpyAsync(out.data(), dev.get(), out.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+          "argmax_rows", "device to host copy");
+    check(cudaStreamSynchronize(stream_), "argmax_rows", "synchronising the stream");
+    return out;
+  }
+
+ private:
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+  // Small host arrays (ids, positions) for one op. A pageable source is staged by the driver
+  // before cudaMemcpyAsync returns, so the caller's vector may go right away.
+  std::shared_ptr<void> upload_ints(const std::vector<int32_t>& v, const char* op) {
+    auto dev = pool_->allocate(v.size() * sizeof(int32_t), op);
+    check(cudaMemcpyAsync(dev.get(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), op,
+          "host to device copy of indices");
+    return dev;
+  }
+
+  // The table's cos/sin on the device, uploaded again only when the table has grown (it
+  // doubles, so that is rare) or is a different table at a reused address.
+  const RopeEntry& rope_table(const RopeTable& table) {
+    RopeEntry& e = rope_[&table];
+    const bool same = e.cos && e.head_dim == table.head_dim() && e.scaling == table.attention_scaling() &&
+                      e.inv_freq == table.inv_freq() && e.size >= table.size();
+    if (same) return e;
+    const size_t n = size_t(table.size()) * size_t(table.head_dim() / 2);
+    e.cos = pool_->allocate(n * sizeof(float), "rope");
+    e.sin = pool_->allocate(n * sizeof(float), "rope");
+    if (n) {
+      check(cudaMemcpyAsync(e.cos.get(), table.cos(0), n * sizeof(float), cudaMemcpyHostToDevice, stream_), "rope",
+            "uploading the cos table");
+      check(cudaMemcpyAsync(e.sin.get(), table.sin(0), n * sizeof(float), cudaMemcpyHostToDevice, stream_), "rope",
+            "uploading the sin table");
+    }
+    e.size = table.size();
+    e.head_dim = table.head_dim();
+    e.scaling = table.attention_scaling();
+    e.inv_freq = table.inv_freq();
+    return e;
+  }
+
+  std::shared_ptr<DevicePool> pool_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::shared_ptr<void> workspace_;
+  std::map<const RopeTable*, RopeEntry> rope_;
+};
+
+int visible_devices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver / no device: not an error for the caller, just no GPU
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string device_summary() {
+  if (visible_devices() == 0) return "";
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, 0), "doctor", "cudaGetDeviceProperties");
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s, %d SMs, %.1f GiB, sm_%d%d, L2 %d MiB, driver %d.%d, runtime %d.%d", p.name,
+                p.multiProcessorCount, double(p.totalGlobalMem) / double(1 << 30), p.major, p.minor,
+                p.l2CacheSize >> 20, driver / 1000, (driver % 1000) / 10, runtime / 1000, (runtime % 1000) / 10);
+  return buf;
+}
+
+double copy_bandwidth(size_t bytes) {
+  void *a = nullptr, *b = nullptr;
+  check(cudaMalloc(&a, bytes), "bandwidth", "cudaMalloc");
+  check(cudaMalloc(&b, bytes), "bandwidth", "cudaMalloc");
+  // Random-ish contents rather than zeros (compressible data can read faster than real data).
+  std::vector<uint32_t> pattern(1 << 20);
+  uint32_t s = 12345;
+  for (auto& v : pattern) v = s = s * 1664525u + 1013904223u;
+  for (size_t off = 0; off < bytes; off += pattern.size() * 4)
+    check(cudaMemcpy(static_cast<char*>(a) + off, pattern.data(), std::min(bytes - off, pattern.size() * 4),
+                     cudaMemcpyHostToDevice),
+          "bandwidth", "fill");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
+  check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
+  double best = 0;
+  for (int rep = 0; rep < 8; ++rep) {
+    check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
+    check(cudaMemcpyAsync(rep % 2 ? a : b, rep % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice), "bandwidth",
+          "device to device copy");
+    check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
+    check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
+    if (rep > 0) best = std::max(best, 2.0 * double(bytes) / (double(ms) * 1e-3));  // the first is a warm-up
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return best;
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  if (cuda::visible_devices() == 0) return nullptr;
+  return std::make_unique<cuda::CudaBackend>();
+}
+
+}  // namespace dflash

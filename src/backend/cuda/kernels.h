@@ -1,0 +1,47 @@
+#pragma once
+// Launchers for the backend's own kernels, one .cu file per concern. Each takes raw device
+// pointers, row strides in elements and the stream; shapes were checked by the caller
+// (cuda_backend.cc), which owns the Tensor-level contract.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.h"
+
+namespace dflash::cuda {
+
+// y[m, n] (+)= Σ_k x[m, k] · w[n, k], bf16 x and w, f32 accumulation, M ≤ kSkinnyMaxRows.
+// Every output is reduced in the same order whatever M is, so a row computed alone (plain
+// decoding) and inside a block (speculative verification) is bit-identical: that is what
+// makes greedy speculative output equal plain output on this backend.
+constexpr int kSkinnyMaxRows = 32;
+void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem,
+                   int M, int N, int K, bool accumulate, cudaStream_t s);
+
+// Each `group` consecutive elements of a row: y = w ⊙ x / rms(x); in place allowed.
+void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_elem, void* y, int64_t ldy,
+              Elem y_elem, int64_t rows, int64_t cols, int64_t group, float eps, cudaStream_t s);
+
+// Rotate-half RoPE in place on bf16 x [rows, heads·head_dim]; position of row r is
+// positions[r] when `positions` is non-null, else pos0 + r. cos/sin: [table rows, head_dim/2].
+void rope(void* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim, const int32_t* positions,
+          int64_t pos0, const float* cos, const float* sin, cudaStream_t s);
+
+// Attention of bf16 q [T, hq·D] over k/v [kv_len, hkv·D] (GQA), out [T, hq·D].
+void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
+               int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
+               bool causal, cudaStream_t s);
+
+void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64_t ldo, Elem out_elem, int64_t rows,
+              int64_t inter, cudaStream_t s);
+void embed(const int32_t* ids, int64_t n, const void* table, int64_t ld_table, Elem table_elem, int64_t cols,
+           void* out, int64_t ldo, Elem out_elem, cudaStream_t s);
+// dst = src (converting between f32 and bf16 when the element types differ).
+void copy_convert(const void* src, int64_t lds, Elem src_elem, void* dst, int64_t ldd, Elem dst_elem, int64_t rows,
+                  int64_t cols, cudaStream_t s);
+void add(const void* x, int64_t ldx, Elem x_elem, void* y, int64_t ldy, Elem y_elem, int64_t rows, int64_t cols,
+         cudaStream_t s);
+// out[r] = the first index of the largest value of f32 row r.
+void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s);
+
+}  // namespace dflash::cuda
