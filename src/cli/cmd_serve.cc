@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "cli/command.h"
@@ -17,6 +18,7 @@ namespace {
 struct ServeArgs {
   ModelArgs model;
   server::ServerOptions server;
+  std::string chat_template_file;
 };
 
 std::string default_model_id(const std::string& dir) {
@@ -36,6 +38,11 @@ int run_serve(ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
 
+  if (!a.chat_template_file.empty()) {
+    std::ifstream in(a.chat_template_file, std::ios::binary);
+    if (!in) throw Error(a.chat_template_file + ": cannot open the chat template");
+    a.server.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   LoadedModels m = load_models(a.model);
   if (!m.tokenizer) throw Error(a.model.model_dir + ": serve needs tokenizer.json in the model directory");
   std::vector<int32_t> eos = m.eos_ids();
@@ -73,6 +80,9 @@ RegisterCommand reg("serve", "OpenAI-compatible HTTP server (/v1/completions, /v
   sub.add_option("--port", s.port, "Port (0: any free port, printed at startup)")
       ->check(CLI::Range(0, 65535))->capture_default_str();
   sub.add_option("--model-name", s.model_id, "Model id clients send (default: the model directory's name)");
+  sub.add_option("--chat-template", a->chat_template_file,
+                 "Jinja chat template file for /v1/chat/completions (replaces the tokenizer's)")
+      ->check(CLI::ExistingFile);
   sub.add_option("--max-queue", s.max_queue, "Requests that may wait for the engine; more get 429")
       ->capture_default_str();
   sub.add_option("--request-timeout", s.request_timeout,

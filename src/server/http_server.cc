@@ -52,6 +52,10 @@ struct HttpServer::Impl {
     limits.vocab_size = engine.target().config().vocab_size;
     limits.context_length = engine.context_length();
     limits.default_max_tokens = opt.default_max_tokens;
+    if (!opt.chat_template.empty()) {
+      chat_template = std::make_unique<ChatTemplate>(opt.chat_template, "--chat-template");
+      limits.chat_template = chat_template.get();
+    }
     setup_routes();
   }
 
@@ -71,6 +75,7 @@ struct HttpServer::Impl {
   const Tokenizer& tokenizer;
   ServerOptions opt;
   PromptLimits limits;
+  std::unique_ptr<ChatTemplate> chat_template;
   Metrics metrics;
   GenerationRunner runner;
   RequestQueue queue;

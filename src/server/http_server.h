@@ -21,6 +21,7 @@ struct ServerOptions {
   int http_threads = 0;              // 0: max_queue + 16
   int64_t default_max_tokens = 0;    // chat without max_tokens; 0: the rest of the context
   double shutdown_grace = 30;        // seconds in-flight requests get to finish on shutdown
+  std::string chat_template;         // Jinja source replacing the tokenizer's; empty: the tokenizer's
   int slowdown_ms = 0;               // test hook: sleep after each commit
 };
 

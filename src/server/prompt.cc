@@ -10,18 +10,35 @@ namespace {
 // OpenAI's legacy completions endpoint generates 16 tokens unless told otherwise.
 constexpr int64_t kCompletionsDefaultMaxTokens = 16;
 
-std::vector<int32_t> encode_chat(const CompletionRequest& r, const Tokenizer& tok) {
-  if (tok.chat_template().empty())
-    throw bad_request("this model has no chat template; use /v1/completions", "messages", "no_chat_template");
-  ChatOptions opts;
-  if (r.chat_template_kwargs.is_object()) {
-    opts.extra = &r.chat_template_kwargs;
-    if (auto it = r.chat_template_kwargs.find("enable_thinking"); it != r.chat_template_kwargs.end() && it->is_boolean())
-      opts.enable_thinking = it->get<bool>();
+std::string render_chat(const CompletionRequest& r, const Tokenizer& tok, const ChatTemplate* override_template) {
+  const auto& kwargs = r.chat_template_kwargs;
+  if (!override_template) {
+    if (tok.chat_template().empty())
+      throw bad_request("this model has no chat template (start the server with --chat-template); use /v1/completions",
+                        "messages", "no_chat_template");
+    ChatOptions opts;
+    if (kwargs.is_object()) {
+      opts.extra = &kwargs;
+      if (auto it = kwargs.find("enable_thinking"); it != kwargs.end() && it->is_boolean())
+        opts.enable_thinking = it->get<bool>();
+    }
+    return tok.apply_chat_template(r.messages, opts);
   }
+  // The variables transformers passes, as Tokenizer::apply_chat_template sets them.
+  nlohmann::ordered_json vars = kwargs.is_object() ? kwargs : nlohmann::ordered_json::object();
+  vars["messages"] = r.messages;
+  vars["add_generation_prompt"] = true;
+  if (!tok.bos_token().empty()) vars["bos_token"] = tok.bos_token();
+  if (!tok.eos_token().empty()) vars["eos_token"] = tok.eos_token();
+  return override_template->render(vars);
+}
+
+std::vector<int32_t> encode_chat(const CompletionRequest& r, const Tokenizer& tok, const ChatTemplate* override_template) {
   std::string text;
   try {
-    text = tok.apply_chat_template(r.messages, opts);
+    text = render_chat(r, tok, override_template);
+  } catch (const ApiError&) {
+    throw;
   } catch (const Error& e) {
     // Templates raise on conversations they do not accept (roles out of order, ...).
     throw bad_request(std::string("the chat template rejected the messages: ") + e.what(), "messages",
@@ -39,7 +56,7 @@ PreparedPrompt prepare_prompt(const CompletionRequest& r, const Tokenizer& tok, 
   const char* prompt_param = chat ? "messages" : "prompt";
   PreparedPrompt p;
   if (chat) {
-    p.ids = encode_chat(r, tok);
+    p.ids = encode_chat(r, tok, limits.chat_template);
   } else if (r.prompt_text) {
     try {
       p.ids = tok.encode(*r.prompt_text);

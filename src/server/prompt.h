@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "server/openai_protocol.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dflash::server {
@@ -13,6 +14,8 @@ struct PromptLimits {
   int vocab_size = 0;
   int64_t context_length = 0;
   int64_t default_max_tokens = 0;  // chat default; 0: the rest of the context
+  // --chat-template: replaces the tokenizer's (code models often ship none).
+  const ChatTemplate* chat_template = nullptr;
 };
 
 struct PreparedPrompt {
