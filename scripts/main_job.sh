@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# The main job: DFlash speculative generation on the embedded default pair, with the
-# acceptance statistics and the speedup over plain decoding.
+# The main job: DFlash speculative generation on the embedded pair (a Qwen3-architecture
+# Python-code model and its drafter, models/), printing the text, the acceptance statistics
+# and the speedup over plain decoding of the same request.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prompt='import os
+import sys
+
+
+def read_lines(path):
+    """Return the lines of a text file without their newlines."""
+'
 exec ./build/dflash generate \
-  --model testdata/tiny/qwen3-gqa4-untied-f32 --draft testdata/tiny/dflash-qwen3-gqa4-untied-f32 \
-  --prompt-ids 80,128,158,187,70,173,121,13,235,147 --max-new-tokens 64 --ignore-eos --compare-plain "$@"
+  --model models/qwen3-pycode-15m --draft models/qwen3-pycode-15m-dflash \
+  --prompt "$prompt" --max-new-tokens 160 --compare-plain "$@"

@@ -1,6 +1,4 @@
 // dflash: a thin command-line tool over the engine library. Subcommands live in cmd_*.cc.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +6,7 @@
 
 #include "cli/command.h"
 #include "util/error.h"
+#include "util/runtime_env.h"
 
 namespace dflash::cli {
 std::vector<CommandInfo>& command_registry() {
@@ -17,13 +16,7 @@ std::vector<CommandInfo>& command_registry() {
 }  // namespace dflash::cli
 
 int main(int argc, char** argv) {
-  // OpenMP threads that spin while idle starve whatever shares the cores (a second request,
-  // the OS, the other half of a 2-core machine), and libgomp reads its wait policy only when
-  // it loads: so set it and start again, once, unless the user chose a policy.
-  if (!std::getenv("OMP_WAIT_POLICY")) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);  // returns only on failure; then run as we are
-  }
+  dflash::reexec_with_runtime_env(argv);
   using namespace dflash::cli;
   CLI::App app{"dflash: DFlash speculative decoding engine"};
   app.require_subcommand(1);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "backend/backend.h"
 #include "util/error.h"
@@ -38,38 +39,61 @@ void check_f32(const Tensor& t, const char* op) {
 }
 
 // y[m, n] (+)= Σ_k x[m, k] · w[n, k] with bf16 w, for a few rows of x: each weight row is
-// streamed from memory once and widened in registers; the loop is what decode time is.
+// streamed from memory once and widened in registers; this loop is what decode time is.
+// Rows of x are taken MT at a time against two weight rows, so every x load feeds two FMAs.
+template <int MT>
+inline void skinny_tile_bf16(const float* const* xs, const uint16_t* w0, const uint16_t* w1, int64_t K,
+                             float* out0, float* out1) {
+  int64_t k = 0;
+#ifdef __AVX512F__
+  __m512 a0[MT], a1[MT];
+  for (int i = 0; i < MT; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    const __m512 v0 = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + k))), 16));
+    const __m512 v1 = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1 + k))), 16));
+    for (int i = 0; i < MT; ++i) {
+      const __m512 xv = _mm512_loadu_ps(xs[i] + k);
+      a0[i] = _mm512_fmadd_ps(v0, xv, a0[i]);
+      a1[i] = _mm512_fmadd_ps(v1, xv, a1[i]);
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    out0[i] = _mm512_reduce_add_ps(a0[i]);
+    out1[i] = _mm512_reduce_add_ps(a1[i]);
+  }
+#else
+  for (int i = 0; i < MT; ++i) out0[i] = out1[i] = 0.f;
+#endif
+  for (; k < K; ++k) {
+    const float f0 = bf16_to_f32(w0[k]), f1 = bf16_to_f32(w1[k]);
+    for (int i = 0; i < MT; ++i) {
+      out0[i] += f0 * xs[i][k];
+      out1[i] += f1 * xs[i][k];
+    }
+  }
+}
+
 template <int M>
 void skinny_matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
-  const int64_t K = w.cols;
+  constexpr int kFirst = M < 8 ? M : 8, kSecond = M - kFirst;
+  const int64_t K = w.cols, N = w.rows;
   const float* xs[M];
   for (int m = 0; m < M; ++m) xs[m] = x.ptr<float>() + m * x.ld;
-#pragma omp parallel for schedule(static) if (w.rows * K > (1 << 16))
-  for (int64_t n = 0; n < w.rows; ++n) {
-    const uint16_t* wr = w.ptr<uint16_t>() + n * w.ld;
-    float acc[M] = {};
-#ifdef __AVX512F__
-    __m512 vacc[M];
-    for (int m = 0; m < M; ++m) vacc[m] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + k));
-      const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-      for (int m = 0; m < M; ++m) vacc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs[m] + k), vacc[m]);
-    }
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_reduce_add_ps(vacc[m]);
-#else
-    int64_t k = 0;
-#endif
-    for (; k < K; ++k) {
-      const uint32_t bits = uint32_t(wr[k]) << 16;
-      float wv;
-      std::memcpy(&wv, &bits, 4);
-      for (int m = 0; m < M; ++m) acc[m] += wv * xs[m][k];
-    }
+  const int64_t pairs = (N + 1) / 2;
+#pragma omp parallel for schedule(static) if (N * K > (1 << 16))
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t n0 = 2 * p, n1 = std::min(n0 + 1, N - 1);  // odd N: the last row twice
+    const uint16_t* w0 = w.ptr<uint16_t>() + n0 * w.ld;
+    const uint16_t* w1 = w.ptr<uint16_t>() + n1 * w.ld;
+    float r0[M], r1[M];
+    skinny_tile_bf16<kFirst>(xs, w0, w1, K, r0, r1);
+    if constexpr (kSecond > 0) skinny_tile_bf16<kSecond>(xs + kFirst, w0, w1, K, r0 + kFirst, r1 + kFirst);
     for (int m = 0; m < M; ++m) {
-      float* out = y.ptr<float>() + m * y.ld + n;
-      *out = accumulate ? *out + acc[m] : acc[m];
+      float* out = y.ptr<float>() + m * y.ld;
+      out[n0] = accumulate ? out[n0] + r0[m] : r0[m];
+      if (n1 != n0) out[n1] = accumulate ? out[n1] + r1[m] : r1[m];
     }
   }
 }
@@ -89,14 +113,20 @@ void banded_matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumu
   }
 }
 
+template <int... Ms>
+void skinny_dispatch(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate, std::integer_sequence<int, Ms...>) {
+  ((x.rows == Ms + 1 ? (skinny_matmul_bf16<Ms + 1>(x, w, y, accumulate), true) : false) || ...);
+}
+
+// Up to a verification block of rows, streaming each weight once and keeping one accumulator
+// per row in registers beats widening the weights for BLAS; beyond that BLAS wins.
+constexpr int kMaxSkinnyRows = 16;
+
 void matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
-  switch (x.rows) {
-    case 1: return skinny_matmul_bf16<1>(x, w, y, accumulate);
-    case 2: return skinny_matmul_bf16<2>(x, w, y, accumulate);
-    case 3: return skinny_matmul_bf16<3>(x, w, y, accumulate);
-    case 4: return skinny_matmul_bf16<4>(x, w, y, accumulate);
-    default: return banded_matmul_bf16(x, w, y, accumulate);
-  }
+  if (x.rows <= kMaxSkinnyRows)
+    skinny_dispatch(x, w, y, accumulate, std::make_integer_sequence<int, kMaxSkinnyRows>{});
+  else
+    banded_matmul_bf16(x, w, y, accumulate);
 }
 
 class CpuBackend final : public Backend {
@@ -207,47 +237,43 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // Per query head: scores = q_h · k_hᵀ and out_h = softmax(scores) · v_h as two BLAS products
+  // over strided views (rows of one head are ld apart), heads spread over threads.
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0,
                  int64_t head_dim, AttentionMask mask, Tensor& out) override {
     check_f32(q, "attention");
     const int64_t hq = q.cols / head_dim, hkv = k.cols / head_dim, group = hq / hkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const int64_t T = q.rows;
-    // Threads only pay once there is real work; for tiny shapes the fork costs more.
-    const bool parallel = T * hq * kv_len * head_dim > (1 << 18);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const bool parallel = T * hq * kv_len * head_dim > (1 << 16);
 #pragma omp parallel if (parallel)
     {
-      std::vector<float> scores(kv_len);
-      std::vector<float> acc(head_dim);
-#pragma omp for collapse(2) schedule(static)
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t h = 0; h < hq; ++h) {
-          const int64_t kvh = h / group;
+      std::vector<float> scores(size_t(T * kv_len));
+#pragma omp for schedule(static)
+      for (int64_t h = 0; h < hq; ++h) {
+        const int64_t kvh = h / group;
+        const float* qh = q.ptr<float>() + h * head_dim;
+        const float* kh = k.ptr<float>() + kvh * head_dim;
+        const float* vh = v.ptr<float>() + kvh * head_dim;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, kv_len, head_dim, scale, qh, q.ld, kh, k.ld, 0.0f,
+                    scores.data(), kv_len);
+        for (int64_t t = 0; t < T; ++t) {
+          float* row = scores.data() + t * kv_len;
           const int64_t visible = mask == AttentionMask::Causal ? std::min(kv_len, q_pos0 + t + 1) : kv_len;
-          const float* qp = q.ptr<float>() + t * q.ld + h * head_dim;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < visible; ++j) {
-            const float* kp = k.ptr<float>() + j * k.ld + kvh * head_dim;
-            float d = 0.f;
-            for (int64_t i = 0; i < head_dim; ++i) d += qp[i] * kp[i];
-            scores[j] = d * scale;
-            mx = std::max(mx, scores[j]);
-          }
+          float mx = neg_inf;
+          for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, row[j]);
           float sum = 0.f;
           for (int64_t j = 0; j < visible; ++j) {
-            scores[j] = std::exp(scores[j] - mx);
-            sum += scores[j];
+            row[j] = std::exp(row[j] - mx);
+            sum += row[j];
           }
-          std::fill(acc.begin(), acc.end(), 0.f);
-          for (int64_t j = 0; j < visible; ++j) {
-            const float* vp = v.ptr<float>() + j * v.ld + kvh * head_dim;
-            const float p = scores[j];
-            for (int64_t i = 0; i < head_dim; ++i) acc[i] += p * vp[i];
-          }
-          float* op = out.ptr<float>() + t * out.ld + h * head_dim;
           const float inv = 1.0f / sum;
-          for (int64_t i = 0; i < head_dim; ++i) op[i] = acc[i] * inv;
+          for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+          for (int64_t j = visible; j < kv_len; ++j) row[j] = 0.0f;
         }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, kv_len, 1.0f, scores.data(), kv_len, vh,
+                    v.ld, 0.0f, out.ptr<float>() + h * head_dim, out.ld);
       }
     }
   }
