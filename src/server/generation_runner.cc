@@ -18,7 +18,7 @@ void GenerationRunner::run(Job& job) {
     g.prompt = job.prompt;
     g.max_new_tokens = job.max_tokens;
     g.sampling = job.request.sampling;
-    g.eos_ids = eos_ids_;
+    if (!job.request.ignore_eos) g.eos_ids = eos_ids_;
     g.on_tokens = [&](const int32_t* ids, size_t n) {
       job.append(text.push(ids, n));
       if (slowdown_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slowdown_ms_));

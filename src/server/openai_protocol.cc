@@ -238,6 +238,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
 
   parse_sampling(body, r.sampling);
   parse_stop(body, r);
+  r.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
   r.stream = get_bool(body, "stream").value_or(false);
   if (const ojson* so = find(body, "stream_options")) {
     if (!so->is_object()) throw wrong_type("stream_options", "an object", *so);

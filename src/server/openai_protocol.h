@@ -30,6 +30,7 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // vLLM's extension: generate past end-of-sequence tokens
 };
 
 // Throws ApiError (400) for malformed JSON, invalid UTF-8, wrong types, out-of-range values

@@ -220,7 +220,8 @@ class TestEndpoints(ServerTestBase):
 
     def test_stop_strings(self):
         prompt = PROMPTS[3]
-        full = self.complete(prompt, max_tokens=60, stop=None).choices[0].text
+        eos = {"ignore_eos": True}
+        full = self.complete(prompt, max_tokens=60, extra_body=eos).choices[0].text
         # A stop string from the middle of the greedy text, avoiding replacement characters.
         start = next((i for i in range(5, len(full) - 3) if "\ufffd" not in full[i:i + 3]), None)
         if start is None:
@@ -228,10 +229,11 @@ class TestEndpoints(ServerTestBase):
         stop = full[start:start + 3]
         expected = full[:full.index(stop)]
         for stops in ([stop], [stop, "never-appears-xyz"]):
-            r = self.complete(prompt, max_tokens=60, stop=stops)
+            r = self.complete(prompt, max_tokens=60, stop=stops, extra_body=eos)
             self.assertEqual(r.choices[0].text, expected)
             self.assertEqual(r.choices[0].finish_reason, "stop")
-            streamed = "".join(c.choices[0].text for c in self.complete(prompt, max_tokens=60, stop=stops, stream=True)
+            streamed = "".join(c.choices[0].text for c in self.complete(prompt, max_tokens=60, stop=stops, stream=True,
+                                                                     extra_body=eos)
                                if c.choices)
             self.assertEqual(streamed, expected)
             self.assertNotIn(stop, streamed)
@@ -391,7 +393,8 @@ class TestSlowServer(ServerTestBase):
     server_args = ["--test-slowdown-ms", "20", "--max-queue", "1", "--request-timeout", "2", "--default-max-tokens", "8"]
 
     def open_stream(self, max_tokens):
-        body = {"model": self.model, "prompt": PROMPTS[0], "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        body = {"model": self.model, "prompt": PROMPTS[0], "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "ignore_eos": True}
         r = requests.post(self.server.url + "/v1/completions", json=body, stream=True, timeout=30)
         self.assertEqual(r.status_code, 200)
         return r
@@ -437,7 +440,7 @@ class TestSlowServer(ServerTestBase):
     def test_request_timeout(self):
         self.assertTrue(self.idle())
         t0 = time.time()
-        r = self.complete(PROMPTS[0], max_tokens=400)
+        r = self.complete(PROMPTS[0], max_tokens=400, extra_body={"ignore_eos": True})
         elapsed = time.time() - t0
         self.assertLess(elapsed, 4.0)
         self.assertEqual(r.choices[0].finish_reason, "length")
@@ -458,7 +461,8 @@ class TestShutdown(unittest.TestCase):
         server = Server(target, draft, model_id, args + ["--test-slowdown-ms", "20", "--max-queue", "8"])
         try:
             client = server.client()
-            body = {"model": model_id, "prompt": PROMPTS[0], "max_tokens": 50, "temperature": 0, "stream": True}
+            body = {"model": model_id, "prompt": PROMPTS[0], "max_tokens": 50, "temperature": 0, "stream": True,
+                    "ignore_eos": True}
             running = requests.post(server.url + "/v1/completions", json=body, stream=True, timeout=30)
             self.assertEqual(running.status_code, 200)
 
