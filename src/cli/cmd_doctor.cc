@@ -1,0 +1,444 @@
+// dflash doctor: checks every op of the CUDA backend against the CPU backend on fresh random
+// inputs (real Qwen3-8B shapes and odd small ones), prints one table row per case with the
+// error, the verdict and the time, and exits non-zero when any case fails.
+//
+// Inputs are drawn in f32 and rounded to bf16 before either backend sees them, so the
+// comparison measures the op (f32 accumulation, one rounding of the output), not the
+// rounding of its inputs. GPU outputs are poisoned with NaN first: an element the op fails
+// to write shows up as NaN, and NaN never passes.
+//
+// Without a GPU (or in a build without the CUDA backend) it says so and exits 0, so scripts
+// can run it anywhere; --require-gpu makes that exit 2 instead.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "cli/command.h"
+#include "model/rope.h"
+#include "util/error.h"
+#ifdef DFLASH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace dflash::cli {
+namespace {
+
+struct DoctorArgs {
+  bool require_gpu = false;
+  bool quick = false;
+  bool self_test = false;  // the CPU backend against itself: checks this harness without a GPU
+  double bandwidth_gib = 2.0;
+  uint64_t seed = 0;
+};
+
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+class Doctor {
+ public:
+  Doctor(Backend& test, Backend& ref, uint64_t seed, bool quick) : t_(test), r_(ref), rng_(seed), quick_(quick) {}
+
+  // Host values, already representable in bf16, uniform in [-scale, scale].
+  std::vector<float> random(int64_t n, float scale = 1.0f) {
+    std::uniform_real_distribution<float> u(-scale, scale);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = round_bf16(u(rng_));
+    return v;
+  }
+
+  // An activation on each backend (the test one in its activation dtype).
+  std::pair<Tensor, Tensor> activation(const std::vector<float>& host, int64_t rows, int64_t cols) {
+    return {to_test(host, rows, cols, t_.activation_dtype()), r_.upload(host.data(), rows, cols)};
+  }
+  Tensor to_test(const std::vector<float>& host, int64_t rows, int64_t cols, DType dt) {
+    Tensor f = t_.upload(host.data(), rows, cols);
+    if (dt == DType::F32) return f;
+    Tensor out = t_.alloc(rows, cols, dt);
+    t_.copy(f, out);
+    return out;
+  }
+  // A NaN-filled output on the test backend.
+  Tensor poisoned(int64_t rows, int64_t cols, DType dt) {
+    return to_test(std::vector<float>(size_t(rows * cols), std::nanf("")), rows, cols, dt);
+  }
+  // A weight on each backend from the same bf16 bytes, as a checkpoint would hand it over.
+  std::pair<Tensor, Tensor> weight(int64_t rows, int64_t cols, float scale, bool vector = false) {
+    const auto v = random(rows * cols, scale);
+    bf16_.emplace_back(v.size());
+    for (size_t i = 0; i < v.size(); ++i) bf16_.back()[i] = f32_to_bf16(v[i]);
+    TensorInfo info;
+    info.name = "doctor.weight";
+    info.dtype = DType::BF16;
+    info.shape = vector ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
+    info.data = reinterpret_cast<const uint8_t*>(bf16_.back().data());
+    info.nbytes = v.size() * 2;
+    return {t_.upload_weight({&info}), r_.upload_weight({&info})};
+  }
+
+  std::vector<float> fetch(Backend& b, const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    b.download(t, v.data());
+    return v;
+  }
+
+  // Runs `op` on the test backend `reps` times and returns microseconds per run; the
+  // download of one element waits for the queued work.
+  double time_us(const std::function<void()>& op, const Tensor& sync_on) {
+    const int reps = quick_ ? 3 : 20;
+    op();
+    float one;
+    t_.download(sync_on.slice_rows(0, 1).slice_cols(0, 1), &one);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) op();
+    t_.download(sync_on.slice_rows(0, 1).slice_cols(0, 1), &one);
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+  }
+
+  void report(const std::string& op, const std::string& shape, const std::vector<float>& got,
+              const std::vector<float>& want, double tol, double us, const std::string& note = "") {
+    double num = 0, den = 0, max_abs = 0;
+    bool finite = got.size() == want.size();
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+      const double d = double(got[i]) - double(want[i]);
+      if (!std::isfinite(got[i])) finite = false;
+      num += d * d;
+      den += double(want[i]) * double(want[i]);
+      max_abs = std::max(max_abs, std::abs(d));
+    }
+    const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    const bool ok = finite && rel <= tol;
+    row(op, shape, max_abs, rel, tol, ok, us, note);
+  }
+
+  void row(const std::string& op, const std::string& shape, double max_abs, double rel, double tol, bool ok, double us,
+           const std::string& note) {
+    failures_ += !ok;
+    ++cases_;
+    std::printf("%-12s %-40s %10.3g %10.3g %8.0e  %-4s %10.1f  %s\n", op.c_str(), shape.c_str(), max_abs, rel, tol,
+                ok ? "ok" : "FAIL", us, note.c_str());
+    std::fflush(stdout);
+  }
+
+  // Tolerances on ‖test − ref‖ / ‖ref‖: one bf16 rounding of the output is about 1e-3 rms.
+  double tol_for(DType dt) const { return dt == DType::F32 ? 1e-4 : 6e-3; }
+
+  void matmul(int64_t M, int64_t K, int64_t N, DType out_dt, bool accumulate) {
+    const DType dt = out_dt == DType::F32 ? DType::F32 : t_.activation_dtype();
+    auto [xt, xr] = activation(random(M * K), M, K);
+    auto [wt, wr] = weight(N, K, 1.0f / std::sqrt(float(K)));
+    const auto y0 = random(M * N);
+    Tensor yt = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
+    Tensor yr = r_.upload(y0.data(), M, N);
+    t_.matmul(xt, wt, yt, accumulate);
+    r_.matmul(xr, wr, yr, accumulate);
+    const auto got = fetch(t_, yt), want = fetch(r_, yr);
+    const double us = time_us([&] { t_.matmul(xt, wt, yt, false); }, yt);
+    const double gbs = double(N * K * 2) / (us * 1e-6) / 1e9;
+    char note[64];
+    std::snprintf(note, sizeof note, "%.0f GB/s of weights%s", gbs, M > 32 ? ", cuBLAS" : "");
+    report("matmul", shape("x", M, K) + " w" + dims(N, K) + (accumulate ? " +=" : " ") + dtype_name(out_dt), got, want,
+           tol_for(dt), us, note);
+  }
+
+  // A row computed alone must equal the same row computed inside a block, bit for bit: the
+  // property that makes greedy speculative output equal plain output.
+  void matmul_batch_invariance(int64_t M, int64_t K, int64_t N, DType out_dt) {
+    const DType dt = out_dt == DType::F32 ? DType::F32 : t_.activation_dtype();
+    const auto x = random(M * K);
+    Tensor xt = to_test(x, M, K, t_.activation_dtype());
+    auto [wt, wr] = weight(N, K, 1.0f / std::sqrt(float(K)));
+    Tensor yb = poisoned(M, N, dt);
+    t_.matmul(xt, wt, yb);
+    const auto block = fetch(t_, yb);
+    double max_abs = 0;
+    bool ok = true;
+    for (int64_t m = 0; m < M; ++m) {
+      Tensor y1 = poisoned(1, N, dt);
+      Tensor x1 = xt.slice_rows(m, 1);
+      t_.matmul(x1, wt, y1);
+      const auto single = fetch(t_, y1);
+      for (int64_t n = 0; n < N; ++n) {
+        const float a = single[size_t(n)], b = block[size_t(m * N + n)];
+        if (!(a == b)) ok = false;
+        max_abs = std::max(max_abs, double(std::abs(a - b)));
+      }
+    }
+    row("matmul=", shape("x", M, K) + " w" + dims(N, K) + " row-alone", max_abs, max_abs, 0, ok, 0,
+        "each row alone == row in block, bitwise");
+  }
+
+  void rms_norm(int64_t rows, int64_t cols, int64_t group, bool in_place) {
+    const DType dt = t_.activation_dtype();
+    auto [xt, xr] = activation(random(rows * cols, 3.0f), rows, cols);
+    auto [wt, wr] = weight(1, group, 2.0f, /*vector=*/true);
+    Tensor yt = in_place ? xt : poisoned(rows, cols, dt);
+    Tensor yr = in_place ? xr : r_.alloc(rows, cols, DType::F32);
+    t_.rms_norm(xt, wt, 1e-6f, group, yt);
+    r_.rms_norm(xr, wr, 1e-6f, group, yr);
+    const auto got = fetch(t_, yt), want = fetch(r_, yr);
+    Tensor scratch = t_.alloc(rows, cols, dt);
+    const double us = time_us([&] { t_.rms_norm(xt, wt, 1e-6f, group, scratch); }, scratch);
+    report("rms_norm", shape("x", rows, cols) + " group " + std::to_string(group) + (in_place ? " in place" : ""), got,
+           want, tol_for(dt), us);
+  }
+
+  void rope(int64_t rows, int64_t heads, int64_t head_dim, const std::vector<int32_t>& positions, double theta) {
+    RopeConfig c;
+    c.theta = theta;
+    RopeTable table(c, int(head_dim));
+    int32_t max_pos = 0;
+    for (int32_t p : positions) max_pos = std::max(max_pos, p);
+    table.ensure(max_pos + 1);
+    auto [xt, xr] = activation(random(rows * heads * head_dim, 2.0f), rows, heads * head_dim);
+    t_.rope(xt, positions, head_dim, table);
+    r_.rope(xr, positions, head_dim, table);
+    const auto got = fetch(t_, xt), want = fetch(r_, xr);
+    const double us = time_us([&] { t_.rope(xt, positions, head_dim, table); }, xt);
+    const bool run = positions.size() < 2 || positions[1] == positions[0] + 1;
+    report("rope", shape("x", rows, heads * head_dim) + " hd " + std::to_string(head_dim) + " pos " +
+                       std::to_string(positions.front()) + (run ? "+" : " (scattered)"),
+           got, want, tol_for(t_.activation_dtype()), us);
+  }
+
+  // kv rows past kv_len are NaN on both sides: reading them poisons the output.
+  void attention(int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t kv_len, int64_t q_pos0, AttentionMask mask) {
+    const int64_t cap = kv_len + 7;
+    auto [qt, qr] = activation(random(T * hq * D, 2.0f), T, hq * D);
+    auto k = random(cap * hkv * D, 2.0f), v = random(cap * hkv * D);
+    for (int64_t i = kv_len * hkv * D; i < cap * hkv * D; ++i) k[size_t(i)] = v[size_t(i)] = std::nanf("");
+    auto [kt, kr] = activation(k, cap, hkv * D);
+    auto [vt, vr] = activation(v, cap, hkv * D);
+    Tensor ot = poisoned(T, hq * D, t_.activation_dtype());
+    Tensor orf = r_.alloc(T, hq * D, DType::F32);
+    t_.attention(qt, kt, vt, kv_len, q_pos0, D, mask, ot);
+    r_.attention(qr, kr, vr, kv_len, q_pos0, D, mask, orf);
+    const auto got = fetch(t_, ot), want = fetch(r_, orf);
+    const double us = time_us([&] { t_.attention(qt, kt, vt, kv_len, q_pos0, D, mask, ot); }, ot);
+    char s[96];
+    std::snprintf(s, sizeof s, "T %lld, %lld/%lld heads x %lld, kv %lld, %s%lld", (long long)T, (long long)hq,
+                  (long long)hkv, (long long)D, (long long)kv_len, mask == AttentionMask::Causal ? "causal @" : "none",
+                  mask == AttentionMask::Causal ? (long long)q_pos0 : 0LL);
+    std::string str = s;
+    if (mask == AttentionMask::None) str = str.substr(0, str.size() - 1);
+    report("attention", str, got, want, tol_for(t_.activation_dtype()), us);
+  }
+
+  void silu_mul(int64_t rows, int64_t inter) {
+    const DType dt = t_.activation_dtype();
+    auto [gt, gr] = activation(random(rows * 2 * inter, 4.0f), rows, 2 * inter);
+    Tensor ot = poisoned(rows, inter, dt);
+    Tensor orf = r_.alloc(rows, inter, DType::F32);
+    t_.silu_mul(gt, ot);
+    r_.silu_mul(gr, orf);
+    const auto got = fetch(t_, ot), want = fetch(r_, orf);
+    const double us = time_us([&] { t_.silu_mul(gt, ot); }, ot);
+    report("silu_mul", shape("gate_up", rows, 2 * inter), got, want, tol_for(dt), us);
+  }
+
+  void embed(int64_t vocab, int64_t hidden, int64_t n) {
+    auto [wt, wr] = weight(vocab, hidden, 0.5f);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (auto& id : ids) id = int32_t(rng_() % uint64_t(vocab));
+    ids.back() = int32_t(vocab - 1);
+    Tensor ot = poisoned(n, hidden, t_.activation_dtype());
+    Tensor orf = r_.alloc(n, hidden, DType::F32);
+    t_.embed(ids, wt, ot);
+    r_.embed(ids, wr, orf);
+    const auto got = fetch(t_, ot), want = fetch(r_, orf);
+    const double us = time_us([&] { t_.embed(ids, wt, ot); }, ot);
+    report("embed", std::to_string(n) + " ids of" + dims(vocab, hidden), got, want, 0, us, "exact");
+  }
+
+  // A column block of a wider tensor into a column block of another (the features and KV
+  // cache writes), and f32 <-> activation dtype conversions.
+  void copy(int64_t rows, int64_t cols, DType from, DType to) {
+    const auto src = random(rows * (cols + 24));
+    Tensor st = to_test(src, rows, cols + 24, from == DType::F32 ? DType::F32 : t_.activation_dtype());
+    Tensor sr = r_.upload(src.data(), rows, cols + 24);
+    const DType to_dt = to == DType::F32 ? DType::F32 : t_.activation_dtype();
+    Tensor dt_full = poisoned(rows, cols + 40, to_dt);
+    Tensor dr_full = r_.alloc(rows, cols + 40, DType::F32);
+    Tensor s_view = st.slice_cols(16, cols), sr_view = sr.slice_cols(16, cols);
+    Tensor d_view = dt_full.slice_cols(8, cols), dr_view = dr_full.slice_cols(8, cols);
+    t_.copy(s_view, d_view);
+    r_.copy(sr_view, dr_view);
+    Tensor got_t = t_.alloc(rows, cols, to_dt);
+    t_.copy(d_view, got_t);
+    const auto got = fetch(t_, got_t), want = fetch(r_, r_compact(dr_view));
+    const double us = time_us([&] { t_.copy(s_view, d_view); }, d_view);
+    report("copy", shape("view", rows, cols) + " " + dtype_name(from) + "->" + dtype_name(to), got, want,
+           to == DType::F32 && from == DType::F32 ? 0 : tol_for(DType::BF16), us, "strided views");
+  }
+
+  void add(int64_t rows, int64_t cols) {
+    auto [xt, xr] = activation(random(rows * cols), rows, cols);
+    auto [yt, yr] = activation(random(rows * cols), rows, cols);
+    t_.add(xt, yt);
+    r_.add(xr, yr);
+    const auto got = fetch(t_, yt), want = fetch(r_, yr);
+    const double us = time_us([&] { t_.add(xt, yt); }, yt);
+    report("add", shape("x", rows, cols), got, want, tol_for(t_.activation_dtype()), us);
+  }
+
+  void argmax(int64_t rows, int64_t cols) {
+    auto host = random(rows * cols, 8.0f);
+    // Row 0: a tie between two columns, which must resolve to the first, as on the CPU.
+    const float top = 100.0f;
+    host[size_t(cols / 3)] = top;
+    host[size_t(cols / 2)] = top;
+    Tensor xt = t_.upload(host.data(), rows, cols);
+    Tensor xr = r_.upload(host.data(), rows, cols);
+    const auto got = t_.argmax_rows(xt), want = r_.argmax_rows(xr);
+    int64_t wrong = 0;
+    for (size_t i = 0; i < want.size(); ++i) wrong += got.size() != want.size() || got[i] != want[i];
+    const auto t0 = std::chrono::steady_clock::now();
+    const int reps = quick_ ? 3 : 20;
+    for (int i = 0; i < reps; ++i) t_.argmax_rows(xt);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+    row("argmax_rows", shape("logits", rows, cols) + " F32", double(wrong), double(wrong), 0, wrong == 0, us,
+        "rows disagreeing (incl. a tie), with the host copy");
+  }
+
+  int failures() const { return failures_; }
+  int cases() const { return cases_; }
+
+ private:
+  static std::string dims(int64_t r, int64_t c) { return "[" + std::to_string(r) + "," + std::to_string(c) + "]"; }
+  static std::string shape(const std::string& name, int64_t r, int64_t c) { return name + dims(r, c); }
+  Tensor r_compact(const Tensor& view) {
+    Tensor out = r_.alloc(view.rows, view.cols, DType::F32);
+    r_.copy(view, out);
+    return out;
+  }
+
+  Backend& t_;
+  Backend& r_;
+  std::mt19937_64 rng_;
+  bool quick_;
+  int failures_ = 0, cases_ = 0;
+  std::vector<std::vector<uint16_t>> bf16_;  // weight bytes, alive while the doctor runs
+};
+
+int run_doctor(const DoctorArgs& a) {
+  std::unique_ptr<Backend> test;
+  if (a.self_test) {
+    std::printf("self-test: the CPU backend against itself (checks the harness, not a GPU)\n");
+    test = make_cpu_backend();
+  } else {
+#ifdef DFLASH_CUDA
+    const std::string dev = cuda::device_summary();
+    if (!dev.empty()) {
+      std::printf("device: %s\n", dev.c_str());
+      test = make_cuda_backend();
+    }
+#endif
+    if (!test) {
+#ifdef DFLASH_CUDA
+      std::printf("doctor: no CUDA GPU is visible: nothing to check\n");
+#else
+      std::printf("doctor: this build has no CUDA backend (configure with -DDFLASH_CUDA=ON): nothing to check\n");
+#endif
+      return a.require_gpu ? 2 : 0;
+    }
+  }
+  auto ref = make_cpu_backend();
+  const uint64_t seed = a.seed ? a.seed : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+  std::printf("seed %llu (fresh inputs every run; --seed repeats one)\n\n", (unsigned long long)seed);
+  std::printf("%-12s %-40s %10s %10s %8s  %-4s %10s  %s\n", "op", "shape", "max |err|", "rel L2", "tol", "", "us/op",
+              "note");
+  Doctor d(*test, *ref, seed, a.quick);
+
+  const bool q = a.quick;
+  // Qwen3-8B: hidden 4096, 32/8 heads of 128, intermediate 12288; decode (1 row), a
+  // verification block (16), a prefill (512); then odd small shapes.
+  d.matmul(1, 4096, 4096, DType::BF16, false);
+  d.matmul(1, 4096, 2048, DType::BF16, false);
+  if (!q) d.matmul(1, 4096, 24576, DType::BF16, false);
+  d.matmul(1, 12288, 4096, DType::BF16, true);
+  d.matmul(16, 4096, 4096, DType::BF16, false);
+  d.matmul(16, 12288, 4096, DType::BF16, true);
+  d.matmul(1, 4096, 32768, DType::F32, false);
+  d.matmul(15, 4096, 32768, DType::F32, false);
+  if (!q) d.matmul(512, 4096, 4096, DType::BF16, false);
+  d.matmul(512, 4096, 1024, DType::BF16, true);
+  d.matmul(33, 64, 96, DType::BF16, false);
+  d.matmul(32, 64, 96, DType::F32, true);
+  d.matmul(5, 61, 37, DType::BF16, false);
+  d.matmul(3, 32, 16, DType::F32, false);
+  d.matmul_batch_invariance(16, 4096, 1024, DType::BF16);
+  d.matmul_batch_invariance(32, 384, 4160, DType::F32);
+  d.matmul_batch_invariance(7, 64, 256, DType::F32);
+
+  d.rms_norm(1, 4096, 4096, false);
+  d.rms_norm(512, 4096, 4096, false);
+  d.rms_norm(16, 32 * 128, 128, true);
+  d.rms_norm(7, 8 * 128, 128, true);
+  d.rms_norm(3, 40, 8, false);
+  d.rms_norm(2, 384, 384, false);
+
+  std::vector<int32_t> run16(16), run512(512), scattered = {7, 3, 100, 0, 42};
+  for (int i = 0; i < 16; ++i) run16[size_t(i)] = 500 + i;
+  for (int i = 0; i < 512; ++i) run512[size_t(i)] = i;
+  d.rope(16, 32, 128, run16, 1e6);
+  d.rope(512, 8, 128, run512, 1e6);
+  d.rope(5, 4, 16, scattered, 1e4);
+  d.rope(1, 6, 64, {2047}, 1e4);
+
+  d.attention(1, 32, 8, 128, 1037, 1036, AttentionMask::Causal);
+  d.attention(16, 32, 8, 128, 611, 595, AttentionMask::Causal);
+  d.attention(16, 32, 8, 128, 621, 595, AttentionMask::Causal);  // rows past the block: masked
+  if (!q) d.attention(512, 32, 8, 128, 512, 0, AttentionMask::Causal);
+  d.attention(16, 32, 8, 128, 749, 733, AttentionMask::None);
+  d.attention(5, 6, 2, 64, 77, 72, AttentionMask::Causal);
+  d.attention(4, 4, 1, 16, 33, 29, AttentionMask::None);
+  d.attention(3, 3, 3, 96, 50, 47, AttentionMask::Causal);
+  d.attention(2, 4, 2, 32, 1, 0, AttentionMask::Causal);
+
+  d.silu_mul(1, 12288);
+  d.silu_mul(512, 12288);
+  d.silu_mul(3, 77);
+
+  d.embed(8192, 4096, 512);
+  d.embed(4160, 384, 7);
+
+  d.copy(16, 1024, DType::BF16, DType::BF16);
+  d.copy(5, 77, DType::BF16, DType::F32);
+  d.copy(5, 77, DType::F32, DType::BF16);
+  d.copy(3, 50, DType::F32, DType::F32);
+
+  d.add(16, 4096);
+  d.add(3, 77);
+
+  d.argmax(16, 151936);
+  d.argmax(3, 16);
+
+  std::printf("\n%d cases, %d failed\n", d.cases(), d.failures());
+
+#ifdef DFLASH_CUDA
+  if (!a.self_test && a.bandwidth_gib > 0) {
+    const size_t bytes = size_t(a.bandwidth_gib * double(size_t(1) << 30));
+    const double bw = cuda::copy_bandwidth(bytes);
+    std::printf("device copy bandwidth: %.1f GB/s (bytes read + written; cudaMemcpy of %.1f GiB, best of 7)\n",
+                bw / 1e9, a.bandwidth_gib);
+  }
+#endif
+  return d.failures() ? 1 : 0;
+}
+
+RegisterCommand reg("doctor", "Check every CUDA op against the CPU backend on random inputs",
+                    [](CLI::App& sub) -> std::function<int()> {
+  auto a = std::make_shared<DoctorArgs>();
+  sub.add_flag("--require-gpu", a->require_gpu, "Exit 2 when no GPU is visible (default: say so, exit 0)");
+  sub.add_flag("--quick", a->quick, "Skip the largest cases and time fewer repetitions");
+  sub.add_flag("--self-test", a->self_test, "Run the CPU backend against itself (tests the doctor, not a GPU)");
+  sub.add_option("--bandwidth-gib", a->bandwidth_gib, "Size of the device copy-bandwidth test (0: skip)");
+  sub.add_option("--seed", a->seed, "Random seed (default: fresh)");
+  return [a] { return run_doctor(*a); };
+});
+
+}  // namespace
+}  // namespace dflash::cli
