@@ -57,6 +57,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       out.context_exhausted();
       break;
     }
+    // B: rows to verify this step. The drafter always drafts its whole block.
     const int B = static_cast<int>(std::min<int64_t>(blocks.next(), capacity - s));
 
     if (B < 2) {  // a plain step: no block is worth drafting
@@ -75,7 +76,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
 
     // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
     Stopwatch draft_time;
-    Tensor dl = drafter_->draft(drafter_state, anchor, B);
+    Tensor dl = drafter_->draft(drafter_state, anchor, block_size_, B);
     draft_logits.resize(size_t(B - 1) * vocab);
     b.download(dl, draft_logits.data());
     std::vector<int32_t> block(B);

@@ -222,13 +222,14 @@ void DFlashDrafter::add_context(SequenceState& state, const Tensor& features) {
   state.advance(m);
 }
 
-Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size) {
+Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size, int rows) {
   Backend& b = target_.backend();
   const Qwen3Config& c = config_.layers;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t H = c.hidden_size, B = block_size;
   const DType dt = b.activation_dtype();
   if (B < 2) throw Error("drafting needs a block of at least 2 rows");
+  const int64_t R = rows > 0 ? std::min<int64_t>(rows, B) : B;
   if (state.length() + B > state.capacity())
     throw Error("drafter context exhausted: " + std::to_string(state.length() + B) + " rows needed, " +
                 std::to_string(state.capacity()) + " allocated");
@@ -246,9 +247,9 @@ Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size
   DecoderScratch scratch = make_decoder_scratch(b, c, B);
   for (size_t l = 0; l < layers_.size(); ++l)
     decoder_layer_attention_mlp(b, layers_[l], c, rope_, x, pos, state.kv(l), s, s + B, AttentionMask::None, scratch);
-  Tensor normed = scratch.h.slice_rows(0, B - 1);
-  b.rms_norm(x.slice_rows(1, B - 1), final_norm_, eps, H, normed);
-  Tensor logits = b.alloc(B - 1, target_.config().vocab_size, DType::F32);  // logits stay f32 on every backend
+  Tensor normed = scratch.h.slice_rows(0, R - 1);
+  b.rms_norm(x.slice_rows(1, R - 1), final_norm_, eps, H, normed);
+  Tensor logits = b.alloc(R - 1, target_.config().vocab_size, DType::F32);  // logits stay f32 on every backend
   target_.project_to_vocab(normed, logits);
   return logits;
 }

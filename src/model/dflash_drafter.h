@@ -47,8 +47,10 @@ class DFlashDrafter {
   // state.length() …) to the drafter's cache, where they stay.
   void add_context(SequenceState& state, const Tensor& features);
   // Drafts the block [anchor, MASK × (B−1)] at positions state.length() …; returns the
-  // logits of block rows 1 … B−1. The state is left as it was.
-  Tensor draft(SequenceState& state, int32_t anchor, int block_size);
+  // logits of block rows 1 … rows−1 (rows ≤ B; 0 means all B). The state is left as it was.
+  // A drafter predicts best with the block it was trained on, so the engine drafts whole
+  // blocks and verifies only as many rows as pay.
+  Tensor draft(SequenceState& state, int32_t anchor, int block_size, int rows = 0);
 
  private:
   DFlashDrafter(const Qwen3Model& target) : target_(target) {}
