@@ -95,9 +95,11 @@ std::string Metrics::render(const QueueGauges& q) const {
   for (size_t i = 1; i < totals_.row_accepted.size(); ++i)
     sample(out, "dflash_position_accepted_total", "position=\"" + std::to_string(i) + "\"", double(totals_.row_accepted[i]));
   header(out, "dflash_position_acceptance_ratio", "gauge", "Accepted over tried, per draft row.");
+  // Rows never tried (the adaptive block stayed shorter) have no ratio, rather than a false 0.
   const auto rates = totals_.per_position_acceptance();
   for (size_t i = 0; i < rates.size(); ++i)
-    sample(out, "dflash_position_acceptance_ratio", "position=\"" + std::to_string(i + 1) + "\"", rates[i]);
+    if (totals_.row_reached[i + 1] > 0)
+      sample(out, "dflash_position_acceptance_ratio", "position=\"" + std::to_string(i + 1) + "\"", rates[i]);
 
   single(out, "dflash_prefill_seconds_total", "counter", "Seconds spent in prompt prefill.", totals_.prefill_seconds);
   single(out, "dflash_draft_seconds_total", "counter", "Seconds spent drafting.", totals_.draft_seconds);
