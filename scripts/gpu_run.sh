@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (the workplace's nvidia-h200 device): build with the CUDA
+# backend, run the GPU tests, `dflash doctor`, and the benchmarks; everything lands in $OUT
+# (at most 8 files). Run from the repository root:
+#
+#   scripts/gpu_run.sh            # all steps
+#   STEPS="build doctor" scripts/gpu_run.sh
+#
+# The device image is Ubuntu with CUDA, CMake 4 and g++ 13 but may lack the engine's system
+# libraries (nlohmann-json, CLI11, PCRE2, utf8proc, OpenMP OpenBLAS, GoogleTest). Those come
+# as Debian 12 packages unpacked here into .debs/deps.tar.xz (ignored by git, carried with
+# the call; `scripts/gpu_run.sh --pack-deps` makes it on a Debian 12 machine) and are
+# unpacked into /opt/deps there.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+if [[ "${1:-}" == "--pack-deps" ]]; then
+  # On Debian 12: the packages, minus static libraries and docs the build does not use.
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download nlohmann-json3-dev libcli11-dev libpcre2-dev libpcre2-8-0 libutf8proc-dev \
+    libutf8proc2 libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev libgfortran5 libquadmath0 \
+    libgtest-dev libgmock-dev pkgconf pkgconf-bin libpkgconf3)
+  mkdir -p "$tmp/root"
+  for f in "$tmp"/*.deb; do dpkg -x "$f" "$tmp/root"; done
+  L="$tmp/root/usr/lib/x86_64-linux-gnu"
+  rm -f "$L"/openblas-openmp/*.a "$L"/libpcre2-*.a "$L"/libutf8proc.a "$L"/openblas-openmp/liblapack* \
+    "$L"/openblas-openmp/libblas* "$L"/libpcre2-16* "$L"/libpcre2-32* "$L"/libpcre2-posix*
+  rm -rf "$tmp/root/usr/share/doc" "$tmp/root/usr/share/man" "$tmp/root/usr/share/lintian" "$tmp/root/usr/src"
+  mkdir -p .debs
+  tar -C "$tmp/root" -cJf .debs/deps.tar.xz usr
+  grep -qx '/.debs/' .git/info/exclude 2>/dev/null || echo /.debs/ >>.git/info/exclude
+  rm -rf "$tmp"
+  ls -la .debs
+  exit 0
+fi
+
+OUT=${OUT:-/tmp/dflash-gpu-out}
+mkdir -p "$OUT"
+STEPS=${STEPS:-"env build tests doctor bench"}
+BUILD=${BUILD:-build-gpu}
+JOBS=${JOBS:-16}
+exec > >(tee -a "$OUT/log.txt") 2>&1
+step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+status=0
+
+DEPS=${DEPS:-/opt/deps}
+if [[ -f .debs/deps.tar.xz ]]; then
+  mkdir -p $DEPS && tar -C $DEPS -xJf .debs/deps.tar.xz
+  # The .pc files name /usr; point them at the unpacked copy.
+  find $DEPS -name '*.pc' -exec sed -i "s|=/usr|=$DEPS/usr|g" {} +
+  ARCH_LIB=$DEPS/usr/lib/x86_64-linux-gnu
+  export PKG_CONFIG_PATH=$ARCH_LIB/pkgconfig:$DEPS/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$ARCH_LIB:$ARCH_LIB/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  command -v pkg-config >/dev/null || export PATH=$PATH:$DEPS/usr/bin
+  CMAKE_DEPS=(-DCMAKE_PREFIX_PATH=$DEPS/usr
+              -DOPENBLAS_OPENMP_LIBRARY=$ARCH_LIB/openblas-openmp/libopenblas.so
+              -DOPENBLAS_OPENMP_INCLUDE=$DEPS/usr/include/x86_64-linux-gnu/openblas-openmp)
+else
+  CMAKE_DEPS=()
+fi
+
+if has env; then
+  step "environment"
+  nvidia-smi || status=1
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu --format=csv || true
+  uname -a; nproc; free -g | head -2; df -h /tmp | tail -1
+  cmake --version | head -1; g++ --version | head -1; nvcc --version | tail -1
+  dpkg -l 2>/dev/null | grep -E "nlohmann|cli11|pcre2|utf8proc|openblas|gtest|pkgconf" | awk '{print $2, $3}'
+fi
+
+if has build; then
+  step "configure + build ($BUILD, -DDFLASH_CUDA=ON)"
+  cmake -S . -B "$BUILD" -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${CMAKE_DEPS[@]}" >"$OUT/configure.txt" 2>&1 \
+    || { tail -40 "$OUT/configure.txt"; echo "configure FAILED"; exit 1; }
+  t0=$(date +%s)
+  # The whole log to a file (a `| head` here would kill the build with SIGPIPE), then its errors.
+  cmake --build "$BUILD" -j"$JOBS" --target dflash dflash_tests >/tmp/dflash-build.log 2>&1
+  grep -E "error|Error" /tmp/dflash-build.log | grep -v avx512fintrin | head -60
+  [[ -x "$BUILD/dflash" && -x "$BUILD/tests/dflash_tests" ]] || { echo "build FAILED"; exit 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+  rm -f "$OUT/configure.txt"
+fi
+
+if has tests; then
+  step "GPU tests (dflash_tests --gtest_filter='*Cuda*')"
+  timeout 300 "$BUILD/tests/dflash_tests" --gtest_filter='*Cuda*' >"$OUT/tests.txt" 2>&1 || status=1
+  grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED|cuda) |Failure|Expected|Which is|actual|error" "$OUT/tests.txt"
+fi
+
+if has doctor; then
+  step "dflash doctor"
+  timeout 300 "$BUILD/dflash" doctor --require-gpu --bandwidth-gib 4 2>&1 | tee "$OUT/doctor.txt"
+  [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+fi
+
+if has bench; then
+  step "shipped pair (models/qwen3-pycode-15m + dflash), held-out prompts, CUDA"
+  if [[ -f models/qwen3-pycode-15m/config.json ]]; then
+    timeout 240 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
+      --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 --ignore-eos \
+      --json "$OUT/bench_pycode.json" 2>&1 | tail -30 | tee "$OUT/bench_pycode.txt"
+  fi
+
+  step "synth Qwen3-8B-shaped random bf16 checkpoints"
+  t0=$(date +%s)
+  if [[ ! -f /tmp/q8b/config.json ]]; then
+    "$BUILD/dflash" synth --preset qwen3-8b --out /tmp/q8b --draft-out /tmp/q8b-dflash || status=1
+  fi
+  echo "synth took $(( $(date +%s) - t0 )) s"; du -sh /tmp/q8b /tmp/q8b-dflash
+
+  step "bench Qwen3-8B shapes: 512-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation)"
+  ids=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(151000)) for _ in range(512)))")
+  timeout 300 "$BUILD/dflash" bench --device cuda --model /tmp/q8b --draft /tmp/q8b-dflash --prompt-ids "$ids" \
+    -n 64 --ignore-eos --no-adaptive --bandwidth --json "$OUT/bench_q8b.json" 2>&1 | tee "$OUT/bench_q8b.txt"
+  [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+
+  step "roofline"
+  python3 - "$OUT" <<'EOF'
+import json, re, sys
+out = sys.argv[1]
+doc = open(f"{out}/doctor.txt").read() if __import__("os").path.exists(f"{out}/doctor.txt") else ""
+m = re.search(r"device copy bandwidth: ([0-9.]+) GB/s", doc)
+b = json.load(open(f"{out}/bench_q8b.json"))
+wb = b["weight_bytes_per_token"]
+plain = b["plain_total"]
+tps = plain.get("decode_tokens_per_second") or plain.get("tokens_per_second")
+print(f"weight bytes per token: {wb/1e9:.2f} GB")
+if m:
+    bw = float(m.group(1)) * 1e9
+    bound = bw / wb
+    print(f"device copy bandwidth {bw/1e9:.0f} GB/s -> plain-decode bound {bound:.1f} tokens/s")
+    if tps:
+        print(f"plain decode {tps:.1f} tokens/s = {100*tps/bound:.1f}% of the bound")
+EOF
+fi
+
+step "done (status $status)"
+ls -la "$OUT"
+exit $status
