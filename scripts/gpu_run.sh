@@ -85,20 +85,20 @@ fi
 
 if has tests; then
   step "GPU tests (dflash_tests --gtest_filter='*Cuda*')"
-  timeout 300 "$BUILD/tests/dflash_tests" --gtest_filter='*Cuda*' >"$OUT/tests.txt" 2>&1 || status=1
+  timeout 150 "$BUILD/tests/dflash_tests" --gtest_filter='*Cuda*' >"$OUT/tests.txt" 2>&1 || status=1
   grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED|cuda) |Failure|Expected|Which is|actual|error" "$OUT/tests.txt"
 fi
 
 if has doctor; then
   step "dflash doctor"
-  timeout 300 "$BUILD/dflash" doctor --require-gpu --bandwidth-gib 4 2>&1 | tee "$OUT/doctor.txt"
+  timeout 150 "$BUILD/dflash" doctor --require-gpu --bandwidth-gib 4 2>&1 | tee "$OUT/doctor.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 
 if has bench; then
   step "shipped pair (models/qwen3-pycode-15m + dflash), held-out prompts, CUDA"
   if [[ -f models/qwen3-pycode-15m/config.json ]]; then
-    timeout 240 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
+    timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
       --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 --ignore-eos \
       --json "$OUT/bench_pycode.json" 2>&1 | tail -30 | tee "$OUT/bench_pycode.txt"
   fi
@@ -112,7 +112,7 @@ if has bench; then
 
   step "bench Qwen3-8B shapes: 512-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation)"
   ids=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(151000)) for _ in range(512)))")
-  timeout 300 "$BUILD/dflash" bench --device cuda --model /tmp/q8b --draft /tmp/q8b-dflash --prompt-ids "$ids" \
+  timeout 150 "$BUILD/dflash" bench --device cuda --model /tmp/q8b --draft /tmp/q8b-dflash --prompt-ids "$ids" \
     -n 64 --ignore-eos --no-adaptive --bandwidth --json "$OUT/bench_q8b.json" 2>&1 | tee "$OUT/bench_q8b.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 
