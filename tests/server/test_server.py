@@ -343,7 +343,7 @@ class TestEndpoints(ServerTestBase):
 class TestLoad(ServerTestBase):
     """16 streaming clients x 10 requests against one engine worker."""
     server_args = ["--max-queue", "64"]
-    CLIENTS, PER_CLIENT, MAX_TOKENS = 16, 10, 24
+    CLIENTS, PER_CLIENT, MAX_TOKENS = 16, 10, 16
 
     def test_concurrent_streams_match_serial(self):
         reference = {}
