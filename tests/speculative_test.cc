@@ -275,3 +275,23 @@ TEST_F(EdgeFixture, StatisticsAreConsistent) {
 }
 
 }  // namespace
+
+namespace {
+// The benchmark-only forced mode commits exactly k tokens a step (and says nothing about
+// exactness, which is why it is off unless asked for).
+TEST(ForcedAcceptance, CommitsExactlyKTokensPerStep) {
+  Pair pair("qwen3-gqa4-untied-f32", "dflash-qwen3-gqa4-untied-f32");
+  for (int k : {3, 5, 7}) {
+    EngineOptions opts;
+    opts.adaptive = false;
+    opts.forced_acceptance = k;
+    Engine engine(*pair.target, pair.drafter.get(), opts);
+    GenerationRequest req;
+    req.prompt = {1, 2, 3};
+    req.max_new_tokens = 1 + 4 * k;
+    const auto res = engine.generate_speculative(req);
+    EXPECT_EQ(res.stats.mean_acceptance_length(), double(k));
+    EXPECT_EQ(res.stats.steps, 4);
+  }
+}
+}  // namespace

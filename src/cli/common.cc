@@ -40,6 +40,10 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-adaptive", a.no_adaptive, "Keep the block size fixed even when speculation does not pay");
   app.add_option("-t,--threads", a.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--forced-acceptance", a.forced_acceptance,
+                 "BENCHMARK ONLY: commit exactly this many tokens per step whatever the target says "
+                 "(output is not the target's)")
+      ->check(CLI::Range(1, 32));
 }
 
 void add_prompt_options(CLI::App& app, PromptArgs& a) {
@@ -79,7 +83,8 @@ LoadedModels load_models(const ModelArgs& a) {
   EngineOptions opts;
   opts.block_size = a.block_size;
   opts.context_length = a.context_length;
-  opts.adaptive = !a.no_adaptive;
+  opts.adaptive = !a.no_adaptive && a.forced_acceptance == 0;
+  opts.forced_acceptance = a.forced_acceptance;
   m.engine = std::make_unique<Engine>(*m.target, m.drafter.get(), opts);
   return m;
 }

@@ -22,6 +22,7 @@ struct ModelArgs {
   int64_t context_length = 0;
   bool no_adaptive = false;
   int threads = 0;
+  int forced_acceptance = 0;
 };
 
 struct PromptArgs {

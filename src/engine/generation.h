@@ -39,6 +39,10 @@ struct EngineOptions {
   int block_size = 0;          // 0: the drafter's block_size
   bool adaptive = true;        // shorten the block / stop drafting when speculation does not pay
   const class AcceptanceRule* acceptance = nullptr;  // null: the exact rule of the contract
+  // Benchmarks only: every step commits exactly this many tokens (anchor + drafts) whatever
+  // the target says, to time steps at a chosen acceptance length with random weights. The
+  // output is NOT the target's; 0 = off.
+  int forced_acceptance = 0;
 };
 
 class Engine {

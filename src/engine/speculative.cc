@@ -117,7 +117,10 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       }
       ++accepted;
     }
-    if (accepted == B - 1) {  // every draft accepted: the last row gives the anchor
+    if (options_.forced_acceptance > 0) {  // benchmark mode: see EngineOptions
+      accepted = std::min(options_.forced_acceptance - 1, B - 1);
+      next_anchor = argmax(target_logits.data() + size_t(accepted) * vocab, vocab);
+    } else if (accepted == B - 1) {  // every draft accepted: the last row gives the anchor
       const float* row = target_logits.data() + size_t(B - 1) * vocab;
       next_anchor = choose_token(row, vocab, sp, history(block.data() + 1, B - 1), rng);
     }
