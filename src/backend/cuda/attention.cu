@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = __bfloat162float(q[t * ldq + int64_t(h) * D + d]) * scale_log2;
   __syncthreads();
 
-  const int64_t visible = causal ? min(kv_len, q_pos0 + t + 1) : kv_len;
+  const int64_t visible = causal && q_pos0 + t + 1 < kv_len ? q_pos0 + t + 1 : kv_len;
   const __nv_bfloat16* kb = k + int64_t(kvh) * D;
   const __nv_bfloat16* vb = v + int64_t(kvh) * D;
   const int d0 = lane * EPL;

@@ -67,10 +67,19 @@ class CudaBackend final : public Backend {
     // A fixed workspace: cuBLAS would otherwise allocate its own on first use of some kernels.
     workspace_ = pool_->allocate(kWorkspaceBytes, "init");
     check_blas(cublasSetWorkspace(blas_, workspace_.get(), kWorkspaceBytes), "init", "cublasSetWorkspace");
+    check(cudaHostAlloc(&staging_, kStagingSlots * kStagingSlotBytes, cudaHostAllocDefault), "init",
+          "allocating pinned staging memory");
+    staging_events_.resize(kStagingSlots);
+    for (auto& e : staging_events_) {
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
+      check(cudaEventRecord(e, stream_), "init", "cudaEventRecord");  // "free" from the start
+    }
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (auto e : staging_events_) cudaEventDestroy(e);
+    cudaFreeHost(staging_);
     rope_.clear();
     workspace_.reset();
     cublasDestroy(blas_);
@@ -306,13 +315,27 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+  static constexpr size_t kStagingSlots = 64, kStagingSlotBytes = 16 << 10;
 
-  // Small host arrays (ids, positions) for one op. A pageable source is staged by the driver
-  // before cudaMemcpyAsync returns, so the caller's vector may go right away.
+  // Small host arrays (ids, positions) for one op. A copy from pageable memory may make the
+  // driver wait for the stream, so they go through a ring of pinned slots; a slot is reused
+  // only after the copy that last read it has run (its event), which with kStagingSlots slots
+  // is long done. Larger arrays (a long prompt's ids) take the pageable path.
   std::shared_ptr<void> upload_ints(const std::vector<int32_t>& v, const char* op) {
-    auto dev = pool_->allocate(v.size() * sizeof(int32_t), op);
-    check(cudaMemcpyAsync(dev.get(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), op,
+    const size_t bytes = v.size() * sizeof(int32_t);
+    auto dev = pool_->allocate(bytes, op);
+    if (bytes > kStagingSlotBytes) {
+      check(cudaMemcpyAsync(dev.get(), v.data(), bytes, cudaMemcpyHostToDevice, stream_), op,
+            "host to device copy of indices");
+      return dev;
+    }
+    const size_t slot = next_slot_++ % kStagingSlots;
+    check(cudaEventSynchronize(staging_events_[slot]), op, "waiting for a staging slot");
+    char* host = static_cast<char*>(staging_) + slot * kStagingSlotBytes;
+    std::memcpy(host, v.data(), bytes);
+    check(cudaMemcpyAsync(dev.get(), host, bytes, cudaMemcpyHostToDevice, stream_), op,
           "host to device copy of indices");
+    check(cudaEventRecord(staging_events_[slot], stream_), op, "recording a staging event");
     return dev;
   }
 
@@ -343,6 +366,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<void> workspace_;
+  void* staging_ = nullptr;  // pinned host memory, kStagingSlots × kStagingSlotBytes
+  std::vector<cudaEvent_t> staging_events_;
+  size_t next_slot_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
 };
 
