@@ -9,6 +9,7 @@
 //
 // Without a GPU (or in a build without the CUDA backend) it says so and exits 0, so scripts
 // can run it anywhere; --require-gpu makes that exit 2 instead.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "cli/command.h"
+#include "model/qwen3.h"
 #include "model/rope.h"
 #include "util/error.h"
 #ifdef DFLASH_CUDA
@@ -34,6 +36,7 @@ struct DoctorArgs {
   bool self_test = false;  // the CPU backend against itself: checks this harness without a GPU
   double bandwidth_gib = 2.0;
   uint64_t seed = 0;
+  std::vector<std::string> models;  // whole-model checks: logits of a prefill and decode steps
 };
 
 float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
@@ -303,6 +306,39 @@ class Doctor {
         "rows disagreeing (incl. a tie), with the host copy");
   }
 
+  // A whole target on both backends: a 40-row prefill (cuBLAS on the GPU) then 8 decode
+  // steps (the skinny path), every row's logits compared; bf16 weights and activations
+  // through every layer put these further apart than any single op.
+  void model(const std::string& dir) {
+    auto mt = Qwen3Model::load(dir, t_);
+    auto mr = Qwen3Model::load(dir, r_);
+    const int V = mt->config().vocab_size;
+    std::vector<int32_t> ids(40);
+    for (auto& id : ids) id = int32_t(rng_() % uint64_t(V));
+    SequenceState st = mt->new_sequence(64), sr = mr->new_sequence(64);
+    std::vector<float> got, want;
+    int64_t agree = 0, rows = 0;
+    auto take = [&](const ForwardOutput& a, const ForwardOutput& b) {
+      const auto x = fetch(t_, a.logits), y = fetch(r_, b.logits);
+      got.insert(got.end(), x.begin(), x.end());
+      want.insert(want.end(), y.begin(), y.end());
+      for (int64_t r = 0; r < a.logits.rows; ++r, ++rows)
+        agree += std::max_element(x.begin() + r * V, x.begin() + (r + 1) * V) - (x.begin() + r * V) ==
+                 std::max_element(y.begin() + r * V, y.begin() + (r + 1) * V) - (y.begin() + r * V);
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    take(mt->forward(st, ids, true), mr->forward(sr, ids, true));
+    for (int i = 0; i < 8; ++i) {
+      const int32_t next = int32_t(rng_() % uint64_t(V));
+      take(mt->forward(st, {next}, false), mr->forward(sr, {next}, false));
+    }
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    char note[96];
+    std::snprintf(note, sizeof note, "argmax agrees on %lld/%lld rows; time is both backends", (long long)agree,
+                  (long long)rows);
+    report("model", dir.substr(dir.find_last_of('/') + 1) + " prefill 40 + 8 steps", got, want, 2e-2, us, note);
+  }
+
   int failures() const { return failures_; }
   int cases() const { return cases_; }
 
@@ -416,6 +452,8 @@ int run_doctor(const DoctorArgs& a) {
   d.argmax(16, 151936);
   d.argmax(3, 16);
 
+  for (const auto& m : a.models) d.model(m);
+
   std::printf("\n%d cases, %d failed\n", d.cases(), d.failures());
 
 #ifdef DFLASH_CUDA
@@ -437,6 +475,7 @@ RegisterCommand reg("doctor", "Check every CUDA op against the CPU backend on ra
   sub.add_flag("--self-test", a->self_test, "Run the CPU backend against itself (tests the doctor, not a GPU)");
   sub.add_option("--bandwidth-gib", a->bandwidth_gib, "Size of the device copy-bandwidth test (0: skip)");
   sub.add_option("--seed", a->seed, "Random seed (default: fresh)");
+  sub.add_option("--model", a->models, "Also compare a whole Qwen3 target's logits (repeatable)");
   return [a] { return run_doctor(*a); };
 });
 
