@@ -281,6 +281,17 @@ TEST_F(InspectDisagreement, BigSparseCheckpointReadsOnlyTheHeader) {
 
 // --- drafters without config.json ---------------------------------------------------------
 
+// Draft logits after a short prompt: the drafter's whole input path (features, fc, cache, block).
+std::vector<float> test_draft_logits(Backend& backend, DFlashDrafter& d, Qwen3Model& t) {
+  SequenceState ts = t.new_sequence(64), ds = d.new_sequence(64);
+  ForwardOutput out = t.forward(ts, {3, 17, 42, 7, 99, 1}, false, d.config().target_layer_ids);
+  d.add_context(ds, out.features);
+  Tensor logits = d.draft(ds, 5, d.config().block_size);
+  std::vector<float> v(size_t(logits.rows * logits.cols));
+  backend.download(logits, v.data());
+  return v;
+}
+
 struct InspectNoConfig : ::testing::Test {
   std::unique_ptr<Backend> backend = make_cpu_backend();
   TempDir dir{"inspect-nocfg"};
@@ -301,15 +312,7 @@ struct InspectNoConfig : ::testing::Test {
                 json({{"model", {{"type", "BPE"}, {"vocab", vocab}}}, {"added_tokens", json::array()}}).dump());
     return tdir.path();
   }
-  std::vector<float> draft_logits(DFlashDrafter& d, Qwen3Model& t) {
-    SequenceState ts = t.new_sequence(64), ds = d.new_sequence(64);
-    ForwardOutput out = t.forward(ts, {3, 17, 42, 7, 99, 1}, false, d.config().target_layer_ids);
-    d.add_context(ds, out.features);
-    Tensor logits = d.draft(ds, 5, d.config().block_size);
-    std::vector<float> v(size_t(logits.rows * logits.cols));
-    backend->download(logits, v.data());
-    return v;
-  }
+  std::vector<float> draft_logits(DFlashDrafter& d, Qwen3Model& t) { return test_draft_logits(*backend, d, t); }
 };
 
 TEST_F(InspectNoConfig, ShapesGiveTheArchitectureAndTheRestIsUnknown) {
@@ -436,6 +439,70 @@ TEST(InspectRealPair, PycodeTargetAndDrafter) {
   EXPECT_TRUE(dr.ok()) << dr.to_text(false);
   const PairingReport p = inspect_pairing(d, t);
   EXPECT_TRUE(p.ok()) << p.to_text();
+  for (const auto& l : p.lines) EXPECT_EQ(l.status, PairingLine::Status::Pass) << l.what << ": " << l.detail;
+
+  // Published without its config: the target's tokenizer gives the right mask id, the layer
+  // ids are a guess (the publisher's formula gives [1, 3, 5] for L = 8, K = 3; the drafter was
+  // trained on [1, 4, 6]); with the true ids given, the rebuilt config drafts bit-identically.
+  TempDir dir("inspect-pycode");
+  copy_dir(d, dir.path());
+  std::filesystem::remove(dir.file("config.json"));
+  InspectOptions opt;
+  opt.target_dir = t;
+  const json guessed = drafter_config_json(dir.path(), opt);
+  EXPECT_EQ(guessed["dflash_config"]["mask_token_id"], read_json_file(d + "/config.json")["dflash_config"]["mask_token_id"]);
+  EXPECT_EQ(guessed["dflash_config"]["target_layer_ids"], json({1, 3, 5}));
+  const auto marked = guessed["dflash_guessed_fields"].get<std::vector<std::string>>();
+  EXPECT_EQ(std::count(marked.begin(), marked.end(), "target_layer_ids"), 1);
+
+  opt.target_layer_ids = read_json_file(d + "/config.json")["dflash_config"]["target_layer_ids"].get<std::vector<int>>();
+  opt.block_size = 16;
+  write_drafter_config(dir.path(), opt, dir.file("config.json"));
+  auto backend = make_cpu_backend();
+  auto target = Qwen3Model::load(t, *backend);
+  auto original = DFlashDrafter::load(d, *target);
+  auto rebuilt = DFlashDrafter::load(dir.path(), *target);
+  const auto a = test_draft_logits(*backend, *original, *target), b = test_draft_logits(*backend, *rebuilt, *target);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "draft logits differ";
+}
+
+}  // namespace
+
+// --- fixes found by tests/fuzz/fuzz_safetensors.cc ----------------------------------------
+
+namespace {
+
+TEST(InspectFuzzFindings, ControlCharactersInNamesStayOnOneLine) {
+  const std::string bytes = safetensors_bytes(
+      json{{"a\nforged line", {{"dtype", "I8"}, {"shape", {1}}, {"data_offsets", {0, 1}}}}}, std::string(1, '\0'));
+  const auto msg = error_of([&] {
+    parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "n.safetensors");
+  });
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor 'a\\x0aforged line': unsupported dtype I8"), std::string::npos) << msg;
+}
+
+TEST(InspectFuzzFindings, HugeOrFractionalIntegersAreErrorsNotCasts) {
+  json c = read_json_file(tiny("qwen3-gqa4-untied-f32") + "/config.json");
+  c["vocab_size"] = 1e300;  // casting this to int was undefined behaviour
+  auto msg = error_of([&] { parse_qwen3_config(c, "c.json"); });
+  EXPECT_NE(msg.find("field 'vocab_size' must be an integer, got 1e+300"), std::string::npos) << msg;
+  c["vocab_size"] = uint64_t(4294967297ull);  // used to wrap to 1
+  msg = error_of([&] { parse_qwen3_config(c, "c.json"); });
+  EXPECT_NE(msg.find("field 'vocab_size' is out of range, got 4294967297"), std::string::npos) << msg;
+  c["vocab_size"] = 256.0;  // an integral float is still accepted
+  EXPECT_EQ(parse_qwen3_config(c, "c.json").vocab_size, 256);
+  msg = error_of([&] { parse_generation_config(json{{"eos_token_id", {1, int64_t(1) << 40}}}, "g.json"); });
+  EXPECT_NE(msg.find("field 'eos_token_id' must hold integers"), std::string::npos) << msg;
+}
+
+TEST(InspectFuzzFindings, RopeTypeWithControlCharacters) {
+  const auto msg = error_of([&] {
+    parse_rope(json{{"rope_theta", 1e6}, {"rope_scaling", {{"rope_type", "x\ny"}, {"factor", 2.0}}}}, 512, "r.json");
+  });
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'x\\x0ay' is not supported"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "io/config.h"
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include "io/checkpoint.h"
 #include "util/error.h"
@@ -11,14 +14,53 @@ namespace {
 std::string field_error(const std::string& path, const char* field, const std::string& what) {
   return path + ": field '" + field + "' " + what;
 }
+
+// An integral JSON number that fits in an int. Out-of-range values must be refused, not
+// wrapped or cast: casting a double like 1e300 to int is undefined behaviour.
+bool integral_int(const nlohmann::json& v, int* out) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())) return false;
+    *out = static_cast<int>(v.get<uint64_t>());
+    return true;
+  }
+  if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max()) return false;
+    *out = static_cast<int>(x);
+    return true;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!(d >= std::numeric_limits<int>::min() && d <= std::numeric_limits<int>::max()) || d != std::floor(d)) return false;
+    *out = static_cast<int>(d);
+    return true;
+  }
+  return false;
+}
+
+// Values from the file (a rope_type string, say) are quoted in errors; a control character
+// in one must not split the one-line message.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
 }  // namespace
 
 int json_int(const nlohmann::json& j, const char* field, const std::string& path) {
   if (!j.contains(field) || j[field].is_null()) throw Error(field_error(path, field, "is missing"));
   const auto& v = j[field];
-  if (v.is_number_integer()) return v.get<int>();
-  if (v.is_number_float() && v.get<double>() == static_cast<int>(v.get<double>()))
-    return static_cast<int>(v.get<double>());
+  int out = 0;
+  if (integral_int(v, &out)) return out;
+  if (v.is_number_integer()) throw Error(field_error(path, field, "is out of range, got " + v.dump()));
   throw Error(field_error(path, field, "must be an integer, got " + v.dump()));
 }
 
@@ -74,7 +116,7 @@ RopeConfig parse_rope(const nlohmann::json& j, int max_position_embeddings, cons
   const std::string ppath = path + " (rope scaling)";
   if (r.type == "default") return r;
   if (r.type != "linear" && r.type != "yarn" && r.type != "llama3")
-    throw Error(field_error(path, "rope_type", "'" + r.type + "' is not supported (default, linear, yarn, llama3)"));
+    throw Error(field_error(path, "rope_type", "'" + printable(r.type) + "' is not supported (default, linear, yarn, llama3)"));
   r.original_max_position_embeddings =
       json_int_or(params, "original_max_position_embeddings",
                   json_int_or(j, "original_max_position_embeddings", max_position_embeddings, path), ppath);
@@ -141,11 +183,16 @@ namespace {
 std::vector<int> int_or_list(const nlohmann::json& v, const std::string& path, const char* field) {
   std::vector<int> out;
   if (v.is_null()) return out;
-  if (v.is_number_integer()) return {v.get<int>()};
+  if (v.is_number_integer()) {
+    int x = 0;
+    if (!integral_int(v, &x)) throw Error(field_error(path, field, "is out of range, got " + v.dump()));
+    return {x};
+  }
   if (v.is_array()) {
     for (const auto& e : v) {
-      if (!e.is_number_integer()) throw Error(field_error(path, field, "must hold integers"));
-      out.push_back(e.get<int>());
+      int x = 0;
+      if (!e.is_number_integer() || !integral_int(e, &x)) throw Error(field_error(path, field, "must hold integers"));
+      out.push_back(x);
     }
     return out;
   }
@@ -157,8 +204,9 @@ GenerationConfig parse_generation_config(const nlohmann::json& j, const std::str
   GenerationConfig g;
   if (!j.is_object()) throw Error(path + ": expected a JSON object");
   if (j.contains("eos_token_id")) g.eos_token_ids = int_or_list(j["eos_token_id"], path, "eos_token_id");
-  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) g.bos_token_id = j["bos_token_id"].get<int>();
-  if (j.contains("pad_token_id") && j["pad_token_id"].is_number_integer()) g.pad_token_id = j["pad_token_id"].get<int>();
+  int id = 0;
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer() && integral_int(j["bos_token_id"], &id)) g.bos_token_id = id;
+  if (j.contains("pad_token_id") && j["pad_token_id"].is_number_integer() && integral_int(j["pad_token_id"], &id)) g.pad_token_id = id;
   if (j.contains("temperature") && j["temperature"].is_number()) g.temperature = json_double(j, "temperature", path);
   if (j.contains("top_p") && j["top_p"].is_number()) g.top_p = json_double(j, "top_p", path);
   if (j.contains("min_p") && j["min_p"].is_number()) g.min_p = json_double(j, "min_p", path);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -39,6 +40,22 @@ bool parse_dtype(const std::string& s, DType* out) {
   else if (s == "BF16") *out = DType::BF16;
   else return false;
   return true;
+}
+
+// Names come from the file; a control character in one must not split an error over lines
+// (or forge lines in a log), so messages show such bytes escaped.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
 }
 
 // The header may claim any size; cap it so a corrupt length cannot make us allocate gigabytes.
@@ -77,7 +94,7 @@ std::map<std::string, TensorInfo> parse_safetensors(const uint8_t* bytes, size_t
     const std::string& name = it.key();
     if (name == "__metadata__") continue;
     const auto& e = it.value();
-    const std::string where = path + ": tensor '" + name + "'";
+    const std::string where = path + ": tensor '" + printable(name) + "'";
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
       throw Error(where + ": malformed header entry (needs dtype, shape and data_offsets)");
     if (!e["dtype"].is_string()) throw Error(where + ": malformed header entry: dtype is not a string");
@@ -86,7 +103,7 @@ std::map<std::string, TensorInfo> parse_safetensors(const uint8_t* bytes, size_t
     t.file = path;
     const std::string dt = e["dtype"].get<std::string>();
     if (!parse_dtype(dt, &t.dtype))
-      throw Error(where + ": unsupported dtype " + dt + " (supported: F32, F16, BF16)");
+      throw Error(where + ": unsupported dtype " + printable(dt) + " (supported: F32, F16, BF16)");
     if (!e["shape"].is_array()) throw Error(where + ": malformed header entry: shape is not an array");
     uint64_t numel = 1;
     for (const auto& d : e["shape"]) {
@@ -121,7 +138,7 @@ std::map<std::string, TensorInfo> parse_safetensors(const uint8_t* bytes, size_t
   for (size_t i = 1; i < ranges.size(); ++i) {
     const auto& prev = ranges[i - 1];
     if (ends[prev.second] > ranges[i].first)
-      throw Error(path + ": tensors '" + prev.second + "' and '" + ranges[i].second +
+      throw Error(path + ": tensors '" + printable(prev.second) + "' and '" + printable(ranges[i].second) +
                   "' have overlapping data_offsets");
   }
   return tensors;
