@@ -1,37 +1,67 @@
 #pragma once
-// Decides the block size of each speculative step from what the steps actually cost
-// (contract section 6). It measures a couple of plain one-token steps first, then compares
-// the speculative tokens per second of each window of steps against them: a block that does
-// not pay is halved, and speculation is switched off for the request at block 2, or at once
-// when even a free verification could not pay for the tokens the window yielded.
+// Chooses how many drafted rows each step verifies, from what steps actually cost here
+// (contract section 6). It times a few plain one-token steps first; then, after each window of
+// speculative steps, it models every block size b from the measurements — tokens per step
+// from the per-row acceptance rates seen so far in this request, step time as drafting plus
+// a plain step plus a per-row verification cost — and takes the best b. When no b keeps 95%
+// of plain decoding's speed, speculation is switched off for the request.
 #include <string>
 #include <vector>
 
 namespace dflash {
 
+// What earlier requests on the same engine measured: step costs are properties of the model
+// and the machine, acceptance rates a prior for the next request. With them a request starts
+// at the block that paid before (or without drafting) instead of paying for a probe.
+struct SpeculationHistory {
+  double plain_seconds = 0;                // best one-token step; 0 = not measured yet
+  double draft_seconds = 0, per_row_seconds = 0;
+  bool costs_known = false;
+  std::vector<long> reached, accepted;    // per block row, summed over requests
+  long requests = 0;
+};
+
 class BlockController {
  public:
-  BlockController(int max_block, bool adaptive) : block_(max_block), adaptive_(adaptive) {}
+  // `history` may be null (no memory across requests).
+  BlockController(int max_block, bool adaptive, SpeculationHistory* history = nullptr);
+  // Folds this request's measurements into the history.
+  ~BlockController();
+  BlockController(const BlockController&) = delete;
+  BlockController& operator=(const BlockController&) = delete;
 
   int next() const;  // rows of the next step; 1 means a plain step
   bool drafting_over() const { return off_; }
   int block() const { return block_; }
-  // One step: `seconds` in all, `draft_seconds` of it drafting (0 for plain steps).
+  // One step: `seconds` in all, `draft_seconds` of it drafting (0 for plain steps);
+  // `committed_tokens` is the acceptance length (1 for a plain step).
   void record(int block, int committed_tokens, double seconds, double draft_seconds = 0);
   std::vector<std::string> take_events() { return std::move(events_); }
 
-  static constexpr int kProbeSteps = 2;
+  // The first plain step after prefill runs on cold caches and a sleeping thread pool, at
+  // half speed or worse: it is taken but not timed.
+  static constexpr int kProbeSteps = 4;
   static constexpr int kWindowSteps = 4;
   static constexpr double kTolerance = 0.95;  // speculation must keep 95% of plain speed
+  static constexpr double kPriorWeight = 8;    // pseudo-observations a row's prior rate counts for
+  static constexpr long kExploreEvery = 8;     // a request in this many re-tries speculation
 
  private:
-  int block_;
+  void decide(double step, double draft);
+  void choose_block(double draft, double per_row, const char* why);
+  // Expected acceptance length when verifying b rows, from this request's row rates.
+  double expected_tokens(int b) const;
+
+  int max_block_, block_;
   bool adaptive_;
   bool off_ = false;
   int probes_done_ = 0;
   double plain_seconds_ = 0;  // best observed one-token step
-  int window_steps_ = 0, window_tokens_ = 0;
+  std::vector<long> reached_, accepted_;  // per block row 1 … max_block − 1
+  int window_steps_ = 0;
   double window_seconds_ = 0, window_draft_seconds_ = 0;
+  double fitted_draft_ = 0, fitted_per_row_ = -1;
+  SpeculationHistory* history_;
   std::vector<std::string> events_;
 };
 

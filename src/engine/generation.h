@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/block_controller.h"
 #include "engine/sampling.h"
 #include "engine/stats.h"
 #include "model/dflash_drafter.h"
@@ -58,6 +59,7 @@ class Engine {
   DFlashDrafter* drafter() { return drafter_; }
   int64_t context_length() const { return context_length_; }
   int block_size() const { return block_size_; }
+  const SpeculationHistory& speculation_history() const { return history_; }
 
  private:
   void check_request(const GenerationRequest& r) const;
@@ -66,6 +68,7 @@ class Engine {
   EngineOptions options_;
   int64_t context_length_;
   int block_size_;
+  SpeculationHistory history_;  // what earlier requests measured (block choice)
 };
 
 }  // namespace dflash

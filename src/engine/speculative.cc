@@ -29,7 +29,8 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens + block_size_);
   Backend& b = target_.backend();
   Rng rng(sp.seed);
-  BlockController blocks(block_size_, options_.adaptive);
+  BlockController blocks(block_size_, options_.adaptive, &history_);
+  for (auto& e : blocks.take_events()) st.adaptive_events.push_back(e);
   const AcceptanceRule& rule = options_.acceptance ? *options_.acceptance : exact_acceptance_rule();
   auto history = [&](const int32_t* extra, int count) {  // penalties see committed + drafted tokens
     return TokenHistory{&r.prompt, &out.tokens(), extra, count};

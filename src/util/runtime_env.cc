@@ -9,7 +9,7 @@ namespace dflash {
 void reexec_with_runtime_env(char** argv) {
   if (std::getenv("DFLASH_RUNTIME_ENV")) return;  // already re-executed (or opted out)
   setenv("DFLASH_RUNTIME_ENV", "1", 1);
-  setenv("OMP_WAIT_POLICY", "passive", 0);
+  if (!std::getenv("OMP_WAIT_POLICY")) setenv("GOMP_SPINCOUNT", "100000", 0);
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

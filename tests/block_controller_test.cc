@@ -1,0 +1,80 @@
+// The block controller's decisions from synthetic step timings (contract section 6).
+#include "engine/block_controller.h"
+#include "test_util.h"
+
+using namespace dflash;
+
+namespace {
+
+// Plain steps of 1 ms; a speculative step costs `draft` + 1 ms + `per_row` per extra row and
+// commits `tokens`.
+void run_window(BlockController& c, int tokens, double draft, double per_row) {
+  for (int i = 0; i < BlockController::kWindowSteps; ++i) {
+    const int b = c.next();
+    if (b == 1) {
+      c.record(1, 1, 1e-3);
+      continue;
+    }
+    c.record(b, std::min(tokens, b), draft + 1e-3 + per_row * (b - 1), draft);
+  }
+}
+
+void probe(BlockController& c) {
+  for (int i = 0; i < BlockController::kProbeSteps; ++i) {
+    ASSERT_EQ(c.next(), 1);
+    c.record(1, 1, i == 0 ? 5e-3 : 1e-3);  // the cold first step is not the measure
+  }
+}
+
+TEST(BlockController, KeepsAFullBlockThatPays) {
+  BlockController c(16, true);
+  probe(c);
+  ASSERT_EQ(c.next(), 16);
+  run_window(c, 16, 0.2e-3, 0.02e-3);  // GPU-like: 16 rows cost barely more than one
+  run_window(c, 16, 0.2e-3, 0.02e-3);
+  EXPECT_EQ(c.next(), 16);
+  EXPECT_FALSE(c.drafting_over());
+}
+
+TEST(BlockController, SwitchesOffWhenVerificationCostsTooMuch) {
+  BlockController c(16, true);
+  probe(c);
+  run_window(c, 3, 2e-3, 0.4e-3);  // CPU-like: every row costs 40% of a plain step
+  EXPECT_TRUE(c.drafting_over());
+  EXPECT_EQ(c.next(), 1);
+  const auto events = c.take_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_NE(events[0].find("speculation switched off"), std::string::npos) << events[0];
+}
+
+TEST(BlockController, ShortensTheBlockWhenLateRowsAreRarelyAccepted) {
+  BlockController c(16, true);
+  probe(c);
+  for (int w = 0; w < 3; ++w) run_window(c, 3, 0.3e-3, 0.1e-3);  // always 3 tokens: rows ≥ 3 wasted
+  EXPECT_FALSE(c.drafting_over());
+  EXPECT_LT(c.next(), 16);
+  EXPECT_GE(c.next(), 3);
+}
+
+TEST(BlockController, LaterRequestsStartFromWhatEarlierOnesMeasured) {
+  SpeculationHistory history;
+  {
+    BlockController first(16, true, &history);
+    probe(first);
+    run_window(first, 3, 2e-3, 0.4e-3);
+    EXPECT_TRUE(first.drafting_over());
+  }
+  ASSERT_TRUE(history.costs_known);
+  BlockController second(16, true, &history);
+  EXPECT_TRUE(second.drafting_over());  // no probes, no wasted window
+  EXPECT_EQ(second.next(), 1);
+}
+
+TEST(BlockController, FixedWhenNotAdaptive) {
+  BlockController c(8, false);
+  EXPECT_EQ(c.next(), 8);
+  run_window(c, 1, 5e-3, 5e-3);
+  EXPECT_EQ(c.next(), 8);
+}
+
+}  // namespace
