@@ -49,10 +49,10 @@ inline void skinny_tile_bf16(const float* const* xs, const uint16_t* w0, const u
   __m512 a0[MT], a1[MT];
   for (int i = 0; i < MT; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
   for (; k + 16 <= K; k += 16) {
-    // Ask for the rows two pairs ahead now: one thread's stream of loads alone does not keep
+    // Ask for the rows four pairs ahead now: one thread's stream of loads alone does not keep
     // enough requests in flight to reach the memory's bandwidth.
-    _mm_prefetch(reinterpret_cast<const char*>(w0 + k + 4 * K), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w1 + k + 4 * K), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + k + 8 * K), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w1 + k + 8 * K), _MM_HINT_T0);
     const __m512 v0 = _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + k))), 16));
     const __m512 v1 = _mm512_castsi512_ps(_mm512_slli_epi32(
