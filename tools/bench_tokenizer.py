@@ -55,7 +55,7 @@ def main():
                 f.write(json.dumps(d, ensure_ascii=False) + "\n")
         for shape, path, inputs in [("strings", args.corpus, texts), ("documents", docs_path, docs)]:
             for family in args.families.split(","):
-                model_dir = os.path.join(ROOT, "testdata/tokenizers", family)
+                model_dir = os.path.join(args.build, "testdata/tokenizers", family)  # unpacked by CMake
                 out = subprocess.run([bench, model_dir, path, str(args.repeats)], check=True,
                                      capture_output=True, text=True).stdout
                 ours = json.loads(out)

@@ -18,6 +18,8 @@ Outputs (plain text; C++ tests read them without extra dependencies):
 """
 import json
 import os
+import tarfile
+import tempfile
 import random
 import sys
 from datetime import datetime
@@ -29,8 +31,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOKDIR = os.path.join(ROOT, "testdata", "tokenizers")
-OUTDIR = os.path.join(TOKDIR, "fixtures")
+OUTDIR = os.path.join(ROOT, "testdata", "tokenizers", "fixtures")
+# The reference tokenizer files are kept compressed in the repository; read them from there.
+TOKDIR = tempfile.mkdtemp(prefix="dflash-tokenizers-")
+with tarfile.open(os.path.join(ROOT, "testdata", "tokenizers", "families.tar.gz")) as _archive:
+    _archive.extractall(TOKDIR)
 FAMILIES = ["qwen3", "llama3.1"]
 CORPUS_SIZE = 20000
 

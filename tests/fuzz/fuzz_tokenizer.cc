@@ -17,7 +17,7 @@ namespace {
 
 const dflash::Tokenizer& tokenizer() {
   static const dflash::Tokenizer tok =
-      dflash::Tokenizer::from_dir(DFLASH_SOURCE_DIR "/testdata/tokenizers/llama3.1");
+      dflash::Tokenizer::from_dir(DFLASH_TOKENIZER_DATA "/llama3.1");
   return tok;
 }
 

@@ -19,7 +19,7 @@ inline std::string fixture_path(const std::string& name) {
 }
 
 inline std::string model_dir(const std::string& family) {
-  return std::string(DFLASH_SOURCE_DIR) + "/testdata/tokenizers/" + family;
+  return std::string(DFLASH_TOKENIZER_DATA) + "/" + family;  // unpacked by CMake
 }
 
 inline const Tokenizer& tokenizer(const std::string& family) {
