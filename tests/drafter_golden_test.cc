@@ -12,15 +12,6 @@ using namespace dflash::test;
 
 namespace {
 
-double relative_max_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    err = std::max(err, double(std::abs(a[i] - b[i])));
-    scale = std::max(scale, double(std::abs(b[i])));
-  }
-  return err / scale;
-}
-
 std::vector<float> flatten(const nlohmann::json& rows) {
   std::vector<float> out;
   for (const auto& r : rows) for (const auto& v : r) out.push_back(v.get<float>());

@@ -29,16 +29,6 @@ Golden load_golden(const std::string& name) {
   return g;
 }
 
-// Max |a − b| over max |b|: the measure for f32 checkpoints.
-double relative_max_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    err = std::max(err, double(std::abs(a[i] - b[i])));
-    scale = std::max(scale, double(std::abs(b[i])));
-  }
-  return err / scale;
-}
-
 // ‖a − b‖₂ / ‖b‖₂ over all rows: the measure for bf16/f16 checkpoints, where transformers
 // itself rounds every intermediate to 8 (or 11) mantissa bits and single logits scatter.
 double relative_l2_error(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {

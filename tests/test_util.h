@@ -2,6 +2,8 @@
 // Helpers shared by the engine tests: paths, temporary directories, synthetic checkpoints.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +63,16 @@ std::string error_of(F&& f) {
   }
   ADD_FAILURE() << "expected a dflash::Error";
   return "";
+}
+
+// Max |a − b| over max |b|: the tolerance measure for f32 logits.
+inline double relative_max_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    err = std::max(err, double(std::abs(a[i] - b[i])));
+    scale = std::max(scale, double(std::abs(b[i])));
+  }
+  return err / scale;
 }
 
 inline void copy_dir(const std::string& from, const std::string& to) {

@@ -38,21 +38,6 @@ bool integral_int(const nlohmann::json& v, int* out) {
   return false;
 }
 
-// Values from the file (a rope_type string, say) are quoted in errors; a control character
-// in one must not split the one-line message.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
 }  // namespace
 
 int json_int(const nlohmann::json& j, const char* field, const std::string& path) {

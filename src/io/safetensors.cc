@@ -42,21 +42,6 @@ bool parse_dtype(const std::string& s, DType* out) {
   return true;
 }
 
-// Names come from the file; a control character in one must not split an error over lines
-// (or forge lines in a log), so messages show such bytes escaped.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
 
 // The header may claim any size; cap it so a corrupt length cannot make us allocate gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
