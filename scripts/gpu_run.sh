@@ -20,11 +20,13 @@ if [[ "${1:-}" == "--pack-deps" ]]; then
   tmp=$(mktemp -d)
   (cd "$tmp" && apt-get download nlohmann-json3-dev libcli11-dev libpcre2-dev libpcre2-8-0 libutf8proc-dev \
     libutf8proc2 libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev libgfortran5 libquadmath0 \
-    libgtest-dev libgmock-dev pkgconf pkgconf-bin libpkgconf3)
+    libgtest-dev libgmock-dev pkgconf pkgconf-bin libpkgconf3 libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 \
+    libbrotli-dev libssl-dev zlib1g-dev)
   mkdir -p "$tmp/root"
   for f in "$tmp"/*.deb; do dpkg -x "$f" "$tmp/root"; done
   L="$tmp/root/usr/lib/x86_64-linux-gnu"
-  rm -f "$L"/openblas-openmp/*.a "$L"/libpcre2-*.a "$L"/libutf8proc.a "$L"/openblas-openmp/liblapack* \
+  find "$tmp/root" -name '*.a' ! -name 'libgtest*' ! -name 'libgmock*' -delete
+  rm -f "$L"/openblas-openmp/liblapack* \
     "$L"/openblas-openmp/libblas* "$L"/libpcre2-16* "$L"/libpcre2-32* "$L"/libpcre2-posix*
   rm -rf "$tmp/root/usr/share/doc" "$tmp/root/usr/share/man" "$tmp/root/usr/share/lintian" "$tmp/root/usr/src"
   mkdir -p .debs
@@ -54,6 +56,10 @@ if [[ -f .debs/deps.tar.xz ]]; then
   export PKG_CONFIG_PATH=$ARCH_LIB/pkgconfig:$DEPS/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export LD_LIBRARY_PATH=$ARCH_LIB:$ARCH_LIB/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   command -v pkg-config >/dev/null || export PATH=$PATH:$DEPS/usr/bin
+  # cpp-httplib is linked by bare name and its header pulls OpenSSL, zlib and Brotli headers:
+  # the compiler's and linker's own search paths cover those.
+  export CPATH=$DEPS/usr/include:$DEPS/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$ARCH_LIB${LIBRARY_PATH:+:$LIBRARY_PATH}
   CMAKE_DEPS=(-DCMAKE_PREFIX_PATH=$DEPS/usr
               -DOPENBLAS_OPENMP_LIBRARY=$ARCH_LIB/openblas-openmp/libopenblas.so
               -DOPENBLAS_OPENMP_INCLUDE=$DEPS/usr/include/x86_64-linux-gnu/openblas-openmp)
