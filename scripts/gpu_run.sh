@@ -39,7 +39,8 @@ fi
 
 OUT=${OUT:-/tmp/dflash-gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-"env build tests doctor bench"}
+STEPS=${STEPS:-"env build tests doctor pycode bench"}
+TEST_FILTER=${TEST_FILTER:-'*Cuda*'}
 BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-16}
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -90,8 +91,8 @@ if has build; then
 fi
 
 if has tests; then
-  step "GPU tests (dflash_tests --gtest_filter='*Cuda*')"
-  timeout 150 "$BUILD/tests/dflash_tests" --gtest_filter='*Cuda*' >"$OUT/tests.txt" 2>&1 || status=1
+  step "GPU tests (dflash_tests --gtest_filter='$TEST_FILTER')"
+  timeout 150 "$BUILD/tests/dflash_tests" --gtest_filter="$TEST_FILTER" >"$OUT/tests.txt" 2>&1 || status=1
   grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED|cuda) |Failure|Expected|Which is|actual|error" "$OUT/tests.txt"
 fi
 
@@ -101,14 +102,16 @@ if has doctor; then
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 
-if has bench; then
+if has pycode; then
   step "shipped pair (models/qwen3-pycode-15m + dflash), held-out prompts, CUDA"
   if [[ -f models/qwen3-pycode-15m/config.json ]]; then
     timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
       --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 --ignore-eos \
       --json "$OUT/bench_pycode.json" 2>&1 | tail -30 | tee "$OUT/bench_pycode.txt"
   fi
+fi
 
+if has bench; then
   step "synth Qwen3-8B-shaped random bf16 checkpoints"
   t0=$(date +%s)
   if [[ ! -f /tmp/q8b/config.json ]]; then
