@@ -99,6 +99,103 @@ __global__ void skinny_scalar_kernel(const __nv_bfloat16* __restrict__ x, int64_
   }
 }
 
+// Several rows of x (verification and drafting blocks): the same per-output arithmetic as
+// skinny_vec_kernel (lane L sums chunks L, L+32, … in ascending order, eight FMAs per chunk,
+// then the same butterfly), so a row gives the same bits here as alone through the M = 1
+// kernel. What changes is where x comes from: a tile of kTileChunks chunks of every row of x
+// is staged in shared memory once per block, instead of every warp fetching all of x through
+// L1/L2 once per chunk, and the tile's weight loads are issued before the barrier so they are
+// in flight while x is staged.
+constexpr int kTileChunks = 128;  // 1024 elements of K per tile
+constexpr int kTileSteps = kTileChunks / 32;
+
+template <int MT, int R, typename Out>
+__global__ void __launch_bounds__(kWarps * 32)
+    skinny_tiled_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
+                        int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, bool accumulate) {
+  extern __shared__ uint4 xs[];  // [MT][kTileChunks]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t n0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
+  const bool active = n0 < N;  // an idle warp still takes part in staging and barriers
+  float acc[R][MT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+  const uint4* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t n = n0 + r < N ? n0 + r : N - 1;
+    wrow[r] = reinterpret_cast<const uint4*>(w + n * ldw);
+  }
+  const int chunks = K / 8;
+  for (int t0 = 0; t0 < chunks; t0 += kTileChunks) {
+    const int tc = chunks - t0 < kTileChunks ? chunks - t0 : kTileChunks;
+    uint4 wv[kTileSteps][R];
+#pragma unroll
+    for (int u = 0; u < kTileSteps; ++u) {
+      const int c = u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[u][r] = active && c < tc ? __ldg(wrow[r] + t0 + c) : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();  // every warp is done with the previous tile of x
+    for (int i = threadIdx.x; i < M * tc; i += blockDim.x) {
+      const int m = i / tc, c = i % tc;
+      xs[m * kTileChunks + c] = __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + t0 + c);
+    }
+    __syncthreads();
+    if (!active) continue;
+#pragma unroll
+    for (int u = 0; u < kTileSteps; ++u) {
+      const int c = u * 32 + lane;
+      if (c >= tc) break;
+      float wf[R][8];
+#pragma unroll
+      for (int r = 0; r < R; ++r) unpack_bf16x8(wv[u][r], wf[r]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m < M) {
+          float xf[8];
+          unpack_bf16x8(xs[m * kTileChunks + c], xf);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][m] = __fmaf_rn(wf[r][e], xf[e], acc[r][m]);
+        }
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (m >= M || n0 + r >= N) continue;
+      const float sum = warp_sum(acc[r][m]);
+      if (lane == 0) {
+        Out* dst = y + m * ldy + n0 + r;
+        *dst = from_f32<Out>(accumulate ? to_f32(*dst) + sum : sum);
+      }
+    }
+}
+
+template <int MT, typename Out>
+void launch_tiled(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
+                  bool accumulate, cudaStream_t s) {
+  constexpr int R = MT >= 32 ? 2 : 4;
+  constexpr size_t smem = size_t(MT) * kTileChunks * sizeof(uint4);
+  auto kernel = skinny_tiled_kernel<MT, R, Out>;
+  if constexpr (smem > 48 * 1024) {
+    // Above 48 KB a kernel must opt in to its dynamic shared memory, once.
+    static const cudaError_t opted =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    check(opted, "matmul (skinny)", "raising the shared-memory limit");
+  }
+  kernel<<<blocks_for(N, kWarps * R), kWarps * 32, smem, s>>>(static_cast<const __nv_bfloat16*>(x), ldx,
+                                                              static_cast<const __nv_bfloat16*>(w), ldw,
+                                                              static_cast<Out*>(y), ldy, M, N, K, accumulate);
+}
+
 template <int MT, typename Out>
 void launch_vec(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 bool accumulate, cudaStream_t s) {
@@ -129,13 +226,13 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
     } else if (M <= 2) {
       launch_vec<2, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
     } else if (M <= 4) {
-      launch_vec<4, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
+      launch_tiled<4, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
     } else if (M <= 8) {
-      launch_vec<8, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
+      launch_tiled<8, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
     } else if (M <= 16) {
-      launch_vec<16, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
+      launch_tiled<16, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
     } else {
-      launch_vec<32, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
+      launch_tiled<32, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
     }
   });
   check_launch("matmul (skinny)");
