@@ -136,6 +136,14 @@ TEST_F(PairingFixture, MissingFieldsAreGuessedLoudly) {
   EXPECT_NE(all.find("target_layer_ids=[1,0]"), std::string::npos) << all;
 }
 
+TEST_F(PairingFixture, GuessesRecordedInAWrittenConfigAreStillReported) {
+  const auto d = drafter_with([](json& c) { c["dflash_guessed_fields"] = {"target_layer_ids", "block_size"}; });
+  std::vector<std::string> warnings;
+  DFlashDrafter::load(d, *target, &warnings);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("target_layer_ids (guessed when this config was written)"), std::string::npos) << warnings[0];
+}
+
 TEST(DefaultTargetLayerIds, MatchThePublishersFormula) {
   EXPECT_EQ(default_target_layer_ids(36, 5), (std::vector<int>{1, 9, 17, 25, 33}));
   EXPECT_EQ(default_target_layer_ids(28, 1), (std::vector<int>{14}));

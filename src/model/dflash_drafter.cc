@@ -116,6 +116,11 @@ DrafterConfig infer_drafter_config(const Checkpoint& ckpt, const Qwen3Config& ta
     throw Error(path + ": field 'mask_token_id' is missing and cannot be derived (the target has no "
                 "tokenizer.json with fewer ids than its embedding rows)");
   }
+  // A config written by `dflash inspect --write-config` says which of its fields were guesses;
+  // they stay guesses, and keep being reported, after the round trip.
+  if (j.contains("dflash_guessed_fields") && j["dflash_guessed_fields"].is_array())
+    for (const auto& f : j["dflash_guessed_fields"])
+      if (f.is_string()) d.guessed.push_back(f.get<std::string>() + " (guessed when this config was written)");
   return d;
 }
 
