@@ -11,7 +11,6 @@
 
 namespace dflash {
 
-
 GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   if (!drafter_) throw Error("speculative decoding needs a drafter (--draft DIR)");
   check_request(r);
