@@ -67,6 +67,18 @@ TEST(Jinja, PythonSemantics) {
             "a,c");
 }
 
+// Found by the fuzzer: `1 ** 1639710584323` multiplied 1.6e12 times. Powers square now.
+TEST(Jinja, IntegerPowersAreFastAndOverflowIsAnError) {
+  EXPECT_EQ(render("{{ 2 ** 10 }}"), "1024");
+  EXPECT_EQ(render("{{ (-3) ** 3 }}"), "-27");
+  EXPECT_EQ(render("{{ 7 ** 0 }}"), "1");
+  EXPECT_EQ(render("{{ 1 ** 1639710584323 }}"), "1");
+  EXPECT_EQ(render("{{ 0 ** 1639710584323 }}"), "0");
+  EXPECT_EQ(render("{{ 2 ** 62 }}"), "4611686018427387904");
+  EXPECT_THROW(render("{{ 2 ** 63 }}"), Error);
+  EXPECT_THROW(render("{{ 3 ** 1639710584323 }}"), Error);
+}
+
 TEST(Jinja, ErrorsAreReported) {
   EXPECT_THROW(render("{% if x %}"), Error);
   EXPECT_THROW(render("{{ 'a' + 1 }}"), Error);
