@@ -52,6 +52,16 @@ class Backend {
   virtual std::vector<int32_t> argmax_rows(const Tensor& x) = 0;
 };
 
+// The shape of several checkpoint tensors concatenated along rows (a fused projection; a 1-D
+// tensor counts as one row), checked to share their column count. Shared by the backends'
+// upload_weight().
+struct FusedWeightShape {
+  int64_t rows = 0, cols = 0;
+  bool all_matrices = true;  // every part is 2-D
+  bool all_bf16 = true;      // every part is stored as bf16
+};
+FusedWeightShape fused_weight_shape(const std::vector<const TensorInfo*>& parts);
+
 std::unique_ptr<Backend> make_cpu_backend();
 // Null when this build has no CUDA backend or no GPU is present.
 std::unique_ptr<Backend> make_cuda_backend();

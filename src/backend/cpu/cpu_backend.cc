@@ -146,17 +146,9 @@ class CpuBackend final : public Backend {
   // 2-D bf16 weights stay bf16 (half the bytes to stream per token; widened inside the
   // matrix kernels); everything else is widened to f32 once here.
   Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
-    int64_t rows = 0, cols = -1;
-    bool keep_bf16 = true;
-    for (const auto* p : parts) {
-      const int64_t r = p->shape.size() == 1 ? 1 : p->shape[0];
-      const int64_t c = p->shape.size() == 1 ? p->shape[0] : p->numel() / p->shape[0];
-      if (cols >= 0 && c != cols) throw Error("cannot fuse '" + p->name + "': column count differs");
-      cols = c;
-      rows += r;
-      keep_bf16 = keep_bf16 && p->dtype == DType::BF16 && p->shape.size() == 2;
-    }
-    Tensor t = make_host_tensor(rows, cols, keep_bf16 ? DType::BF16 : DType::F32);
+    const FusedWeightShape shape = fused_weight_shape(parts);
+    const bool keep_bf16 = shape.all_bf16 && shape.all_matrices;
+    Tensor t = make_host_tensor(shape.rows, shape.cols, keep_bf16 ? DType::BF16 : DType::F32);
     char* dst = static_cast<char*>(t.data);
     for (const auto* p : parts) {
       if (keep_bf16) {

@@ -106,18 +106,12 @@ class CudaBackend final : public Backend {
   // ones (norm scales) become f32: they are tiny, and f32 keeps them exact for every source
   // dtype.
   Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
-    int64_t rows = 0, cols = -1;
-    bool matrix = true;
-    for (const auto* p : parts) {
-      const int64_t r = p->shape.size() == 1 ? 1 : p->shape[0];
-      const int64_t c = p->shape.size() == 1 ? p->shape[0] : p->numel() / p->shape[0];
-      if (cols >= 0 && c != cols) throw Error("cannot fuse '" + p->name + "': column count differs");
-      cols = c;
-      rows += r;
-      matrix = matrix && p->shape.size() == 2;
+    for (const auto* p : parts)
       if (p->dtype != DType::BF16 && p->dtype != DType::F16 && p->dtype != DType::F32)
         throw Error("cuda upload_weight: tensor '" + p->name + "' has dtype " + dtype_name(p->dtype));
-    }
+    const FusedWeightShape shape = fused_weight_shape(parts);
+    const int64_t rows = shape.rows, cols = shape.cols;
+    const bool matrix = shape.all_matrices;
     const DType dt = matrix ? DType::BF16 : DType::F32;
     Tensor t;
     const size_t bytes = size_t(rows * cols) * dtype_size(dt);
