@@ -19,6 +19,9 @@ struct Tensor {
   DType dtype = DType::F32;
   DeviceKind device = DeviceKind::CPU;
   int64_t rows = 0, cols = 0, ld = 0;
+  // A CPU bf16 weight stored in row panels (backend/cpu/bf16_panels.h): only ever used whole,
+  // by the backend that made it.
+  bool packed = false;
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return rows * cols; }
@@ -42,7 +45,8 @@ struct Tensor {
     return t;
   }
   std::string describe() const {
-    return std::string(dtype_name(dtype)) + "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+    return std::string(dtype_name(dtype)) + "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]" +
+           (packed ? " (packed)" : "");
   }
 };
 

@@ -34,7 +34,7 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
   app.add_option("-m,--model", a.model_dir, "Target model directory (Hugging Face layout)")->required();
   app.add_option("-d,--draft", a.draft_dir, "DFlash drafter directory: enables speculative decoding");
   app.add_option("--device", a.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("-b,--block-size", a.block_size, "Speculative block size (2 to 32; default: the drafter's)")
+  app.add_option("-b,--block-size", a.block_size, "Most rows verified per speculative step (2 to 32; default: the drafter's block). The drafter always drafts at least the block it was trained on")
       ->check(CLI::Range(2, 32));
   app.add_option("-c,--ctx-size", a.context_length, "Context length (default: the model's maximum)")
       ->check(CLI::PositiveNumber);

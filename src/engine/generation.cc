@@ -22,6 +22,7 @@ Engine::Engine(Qwen3Model& target, DFlashDrafter* drafter, EngineOptions options
   block_size_ = options.block_size > 0 ? options.block_size : (drafter ? drafter->config().block_size : 1);
   if (drafter && (block_size_ < 2 || block_size_ > 32))
     throw Error("--block-size must be between 2 and 32, got " + std::to_string(block_size_));
+  draft_block_ = drafter ? std::max(block_size_, drafter->config().block_size) : 1;
 }
 
 void Engine::check_request(const GenerationRequest& r) const {
@@ -55,9 +56,13 @@ GenerationResult Engine::generate_plain(const GenerationRequest& r) {
 
   Stopwatch total;
   SequenceState state = target_.new_sequence(capacity);
+  auto next_token = [&](const Tensor& last_logits) {
+    if (r.sampling.argmax_only()) return b.argmax_rows(last_logits)[0];
+    b.download(last_logits, logits.data());
+    return choose_token(logits.data(), vocab, r.sampling, {&r.prompt, &out.tokens()}, rng);
+  };
   ForwardOutput fwd = target_.forward(state, r.prompt, false);
-  b.download(fwd.logits, logits.data());
-  int32_t token = choose_token(logits.data(), vocab, r.sampling, {&r.prompt, &out.tokens()}, rng);
+  int32_t token = next_token(fwd.logits);
   st.prefill_seconds = total.seconds();
   out.commit(token);
   while (!out.done()) {
@@ -67,8 +72,7 @@ GenerationResult Engine::generate_plain(const GenerationRequest& r) {
     }
     Stopwatch step;
     fwd = target_.forward(state, {token}, false);
-    b.download(fwd.logits, logits.data());
-    token = choose_token(logits.data(), vocab, r.sampling, {&r.prompt, &out.tokens()}, rng);
+    token = next_token(fwd.logits);
     ++st.plain_steps;
     st.plain_seconds += step.seconds();
     out.commit(token);

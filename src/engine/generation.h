@@ -37,7 +37,9 @@ struct GenerationResult {
 
 struct EngineOptions {
   int64_t context_length = 0;  // 0: the target's max_position_embeddings
-  int block_size = 0;          // 0: the drafter's block_size
+  // Most rows one step verifies; 0: the drafter's block_size. The drafter always drafts at
+  // least the block it was trained on (a shorter block collapses its acceptance).
+  int block_size = 0;
   bool adaptive = true;        // shorten the block / stop drafting when speculation does not pay
   const class AcceptanceRule* acceptance = nullptr;  // null: the exact rule of the contract
   // Benchmarks only: every step commits exactly this many tokens (anchor + drafts) whatever
@@ -59,6 +61,7 @@ class Engine {
   DFlashDrafter* drafter() { return drafter_; }
   int64_t context_length() const { return context_length_; }
   int block_size() const { return block_size_; }
+  int draft_block_size() const { return draft_block_; }
   const SpeculationHistory& speculation_history() const { return history_; }
 
  private:
@@ -67,7 +70,8 @@ class Engine {
   DFlashDrafter* drafter_;
   EngineOptions options_;
   int64_t context_length_;
-  int block_size_;
+  int block_size_;   // most rows verified per step
+  int draft_block_;  // rows the drafter drafts per step: max(trained block, block_size_)
   SpeculationHistory history_;  // what earlier requests measured (block choice)
 };
 

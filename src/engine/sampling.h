@@ -18,6 +18,9 @@ struct SamplingParams {
   uint64_t seed = 0;
 
   bool greedy() const { return temperature <= 0.0; }
+  // Greedy with nothing that needs the host's view of the logits: the backend's argmax is
+  // the whole choice, so only token ids leave the device.
+  bool argmax_only() const { return greedy() && repetition_penalty == 1.0 && presence_penalty == 0.0; }
 };
 
 // Validates ranges; throws dflash::Error naming the parameter.

@@ -25,7 +25,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   // Room for a whole block past max_new_tokens: the last steps draft full blocks, as the
   // drafter was trained, and max_new_tokens cuts what they commit.
   const int64_t capacity =
-      std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens + block_size_);
+      std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens + draft_block_);
   Backend& b = target_.backend();
   Rng rng(sp.seed);
   BlockController blocks(block_size_, options_.adaptive, &history_);
@@ -34,22 +34,30 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   auto history = [&](const int32_t* extra, int count) {  // penalties see committed + drafted tokens
     return TokenHistory{&r.prompt, &out.tokens(), extra, count};
   };
+  // Plain greedy needs only each row's argmax, which the backend computes where the logits
+  // are: a verification step then moves B token ids to the host instead of B·vocab floats.
+  const bool argmax_only = sp.argmax_only();
+  std::vector<float> logits(vocab);
+  auto choose_last = [&](const Tensor& last_logits) {
+    if (argmax_only) return b.argmax_rows(last_logits)[0];
+    b.download(last_logits, logits.data());
+    return choose_token(logits.data(), vocab, sp, history(nullptr, 0), rng);
+  };
 
   Stopwatch total;
   SequenceState target_state = target_.new_sequence(capacity);
-  SequenceState drafter_state = drafter_->new_sequence(capacity + block_size_);
+  SequenceState drafter_state = drafter_->new_sequence(capacity + draft_block_);
 
   // Prefill: the prompt's last logits give the first anchor; the features of every prompt
   // row are the drafter's first context rows.
   ForwardOutput prefill = target_.forward(target_state, r.prompt, false, feature_layers);
   drafter_->add_context(drafter_state, prefill.features);
-  std::vector<float> logits(vocab);
-  b.download(prefill.logits, logits.data());
-  int32_t anchor = choose_token(logits.data(), vocab, sp, history(nullptr, 0), rng);
+  int32_t anchor = choose_last(prefill.logits);
   st.prefill_seconds = total.seconds();
   out.commit(anchor);
 
   std::vector<float> draft_logits, target_logits;
+  std::vector<int32_t> target_argmax;
   std::vector<std::vector<float>> q;  // the drafter's distributions, when sampling
   while (!out.done()) {
     const int64_t s = target_state.length();  // committed positions; the anchor goes at s
@@ -64,8 +72,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       Stopwatch step;
       ForwardOutput f = target_.forward(target_state, {anchor}, false, feature_layers);
       if (!blocks.drafting_over()) drafter_->add_context(drafter_state, f.features);
-      b.download(f.logits, logits.data());
-      anchor = choose_token(logits.data(), vocab, sp, history(nullptr, 0), rng);
+      anchor = choose_last(f.logits);
       const double seconds = step.seconds();
       st.plain_seconds += seconds;
       ++st.plain_steps;
@@ -76,13 +83,18 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
 
     // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
     Stopwatch draft_time;
-    Tensor dl = drafter_->draft(drafter_state, anchor, block_size_, B);
-    draft_logits.resize(size_t(B - 1) * vocab);
-    b.download(dl, draft_logits.data());
+    Tensor dl = drafter_->draft(drafter_state, anchor, draft_block_, B);
     std::vector<int32_t> block(B);
     block[0] = anchor;
     q.resize(B);
-    for (int i = 1; i < B; ++i) {
+    if (argmax_only) {
+      const std::vector<int32_t> drafted = b.argmax_rows(dl);
+      std::copy(drafted.begin(), drafted.end(), block.begin() + 1);
+    } else {
+      draft_logits.resize(size_t(B - 1) * vocab);
+      b.download(dl, draft_logits.data());
+    }
+    for (int i = 1; i < B && !argmax_only; ++i) {
       const float* row = draft_logits.data() + size_t(i - 1) * vocab;
       if (greedy) {
         block[i] = choose_token(row, vocab, sp, history(block.data() + 1, i - 1), rng);
@@ -96,19 +108,29 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     // Section 5: the target runs the block causally; row i − 1 predicts position s + i.
     Stopwatch verify_time;
     ForwardOutput v = target_.forward(target_state, block, true, feature_layers);
-    target_logits.resize(size_t(B) * vocab);
-    b.download(v.logits, target_logits.data());
+    if (argmax_only) {
+      target_argmax = b.argmax_rows(v.logits);
+    } else {
+      target_logits.resize(size_t(B) * vocab);
+      b.download(v.logits, target_logits.data());
+    }
+    // Greedy acceptance against the target's argmax of row i − 1, however it was computed.
+    auto target_choice = [&](int row_index) {
+      if (argmax_only) return target_argmax[row_index];
+      const float* row = target_logits.data() + size_t(row_index) * vocab;
+      return choose_token(row, vocab, sp, history(block.data() + 1, row_index), rng);
+    };
     int accepted = 0;  // a: the longest accepted prefix of d1 … d(B−1)
     int32_t next_anchor = -1;
     for (int i = 1; i < B; ++i) {
-      const float* row = target_logits.data() + size_t(i - 1) * vocab;
       if (greedy) {
-        const int32_t want = choose_token(row, vocab, sp, history(block.data() + 1, i - 1), rng);
+        const int32_t want = target_choice(i - 1);
         if (block[i] != want) {
           next_anchor = want;
           break;
         }
       } else {
+        const float* row = target_logits.data() + size_t(i - 1) * vocab;
         const auto p = token_distribution(row, vocab, sp, history(block.data() + 1, i - 1));
         if (!rule.accept(p, q[i], block[i], rng)) {
           next_anchor = rule.replacement(p, q[i], rng);
@@ -119,10 +141,9 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     }
     if (options_.forced_acceptance > 0) {  // benchmark mode: see EngineOptions
       accepted = std::min(options_.forced_acceptance - 1, B - 1);
-      next_anchor = argmax(target_logits.data() + size_t(accepted) * vocab, vocab);
+      next_anchor = argmax_only ? target_argmax[accepted] : argmax(target_logits.data() + size_t(accepted) * vocab, vocab);
     } else if (accepted == B - 1) {  // every draft accepted: the last row gives the anchor
-      const float* row = target_logits.data() + size_t(B - 1) * vocab;
-      next_anchor = choose_token(row, vocab, sp, history(block.data() + 1, B - 1), rng);
+      next_anchor = target_choice(B - 1);
     }
 
     // Commit anchor + a drafts; rows of rejected drafts leave the target's cache, and only
@@ -142,6 +163,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   }
   st.final_block_size = blocks.drafting_over() ? 1 : blocks.block();
   st.max_block_size = std::max(st.max_block_size, block_size_);
+  st.draft_block_size = draft_block_;
   st.generated_tokens = static_cast<int64_t>(result.tokens.size());
   st.total_seconds = total.seconds();
   return result;

@@ -49,6 +49,7 @@ double GenerationStats::decode_tokens_per_second() const {
 
 void GenerationStats::merge(const GenerationStats& o) {
   max_block_size = std::max(max_block_size, o.max_block_size);
+  draft_block_size = std::max(draft_block_size, o.draft_block_size);
   prompt_tokens += o.prompt_tokens;
   generated_tokens += o.generated_tokens;
   steps += o.steps;
@@ -74,6 +75,7 @@ nlohmann::json GenerationStats::to_json() const {
       {"steps", steps},
       {"plain_steps", plain_steps},
       {"max_block_size", max_block_size},
+      {"draft_block_size", draft_block_size},
       {"final_block_size", final_block_size},
       {"mean_acceptance_length", mean_acceptance_length()},
       {"acceptance_histogram", acceptance_histogram},
@@ -100,8 +102,10 @@ std::string GenerationStats::to_text() const {
                 std::max(0.0, total_seconds - prefill_seconds - draft_seconds - verify_seconds - plain_seconds));
   s += buf;
   if (steps) {
-    std::snprintf(buf, sizeof buf, "speculative steps: %lld (+%lld plain), mean acceptance length %.2f (block %d)\n",
-                  (long long)steps, (long long)plain_steps, mean_acceptance_length(), max_block_size);
+    std::snprintf(buf, sizeof buf,
+                  "speculative steps: %lld (+%lld plain), mean acceptance length %.2f (verifying up to %d rows of "
+                  "%d-token drafted blocks)\n",
+                  (long long)steps, (long long)plain_steps, mean_acceptance_length(), max_block_size, draft_block_size);
     s += buf;
     s += "acceptance histogram (length: steps):";
     for (size_t i = 0; i < acceptance_histogram.size(); ++i)

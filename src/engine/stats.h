@@ -9,7 +9,8 @@
 namespace dflash {
 
 struct GenerationStats {
-  int max_block_size = 0;
+  int max_block_size = 0;    // most rows verified in a step
+  int draft_block_size = 0;  // rows the drafter drafts per step
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
   int64_t steps = 0;        // speculative steps (draft + verify)

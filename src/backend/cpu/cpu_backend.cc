@@ -1,5 +1,6 @@
-// The CPU backend: f32 activations and weights (bf16/f16 checkpoints are widened once at
-// load), OpenBLAS for the matrix products, OpenMP for the loops that are not matrix products.
+// The CPU backend: f32 activations; bf16 matrices kept bf16 in row panels (bf16_panels.h),
+// everything else widened to f32 at load. Decode and verification products run the packed
+// kernel, prefill products and attention run OpenBLAS, the other loops OpenMP.
 #include <cblas.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "backend/backend.h"
+#include "backend/cpu/bf16_panels.h"
 #include "util/error.h"
 
 namespace dflash {
@@ -38,97 +40,25 @@ void check_f32(const Tensor& t, const char* op) {
   if (t.dtype != DType::F32) throw Error(std::string("cpu ") + op + ": expected F32, got " + t.describe());
 }
 
-// y[m, n] (+)= Σ_k x[m, k] · w[n, k] with bf16 w, for a few rows of x: each weight row is
-// streamed from memory once and widened in registers; this loop is what decode time is.
-// Rows of x are taken MT at a time against two weight rows, so every x load feeds two FMAs.
-template <int MT>
-inline void skinny_tile_bf16(const float* const* xs, const uint16_t* w0, const uint16_t* w1, int64_t K,
-                             float* out0, float* out1) {
-  int64_t k = 0;
-#ifdef __AVX512F__
-  __m512 a0[MT], a1[MT];
-  for (int i = 0; i < MT; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
-  for (; k + 16 <= K; k += 16) {
-    // Ask for the rows four pairs ahead now: one thread's stream of loads alone does not keep
-    // enough requests in flight to reach the memory's bandwidth.
-    _mm_prefetch(reinterpret_cast<const char*>(w0 + k + 8 * K), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w1 + k + 8 * K), _MM_HINT_T0);
-    const __m512 v0 = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + k))), 16));
-    const __m512 v1 = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1 + k))), 16));
-    for (int i = 0; i < MT; ++i) {
-      const __m512 xv = _mm512_loadu_ps(xs[i] + k);
-      a0[i] = _mm512_fmadd_ps(v0, xv, a0[i]);
-      a1[i] = _mm512_fmadd_ps(v1, xv, a1[i]);
-    }
-  }
-  for (int i = 0; i < MT; ++i) {
-    out0[i] = _mm512_reduce_add_ps(a0[i]);
-    out1[i] = _mm512_reduce_add_ps(a1[i]);
-  }
-#else
-  for (int i = 0; i < MT; ++i) out0[i] = out1[i] = 0.f;
-#endif
-  for (; k < K; ++k) {
-    const float f0 = bf16_to_f32(w0[k]), f1 = bf16_to_f32(w1[k]);
-    for (int i = 0; i < MT; ++i) {
-      out0[i] += f0 * xs[i][k];
-      out1[i] += f1 * xs[i][k];
-    }
-  }
-}
-
-template <int M>
-void skinny_matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
-  constexpr int kFirst = M < 8 ? M : 8, kSecond = M - kFirst;
-  const int64_t K = w.cols, N = w.rows;
-  const float* xs[M];
-  for (int m = 0; m < M; ++m) xs[m] = x.ptr<float>() + m * x.ld;
-  const int64_t pairs = (N + 1) / 2;
-#pragma omp parallel for schedule(static) if (N * K > (1 << 16))
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t n0 = 2 * p, n1 = std::min(n0 + 1, N - 1);  // odd N: the last row twice
-    const uint16_t* w0 = w.ptr<uint16_t>() + n0 * w.ld;
-    const uint16_t* w1 = w.ptr<uint16_t>() + n1 * w.ld;
-    float r0[M], r1[M];
-    skinny_tile_bf16<kFirst>(xs, w0, w1, K, r0, r1);
-    if constexpr (kSecond > 0) skinny_tile_bf16<kSecond>(xs + kFirst, w0, w1, K, r0 + kFirst, r1 + kFirst);
-    for (int m = 0; m < M; ++m) {
-      float* out = y.ptr<float>() + m * y.ld;
-      out[n0] = accumulate ? out[n0] + r0[m] : r0[m];
-      if (n1 != n0) out[n1] = accumulate ? out[n1] + r1[m] : r1[m];
-    }
-  }
-}
-
-// Many rows: widen a band of weight rows to f32 and let BLAS multiply it; the widening is
-// paid once per band for all rows of x.
+// Many rows (prefill): widen a band of the packed weight to f32 and let BLAS multiply it; the
+// widening is paid once per band for all rows of x.
 void banded_matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
-  const int64_t K = w.cols, band = std::max<int64_t>(64, (int64_t(1) << 22) / std::max<int64_t>(K, 1));
+  const int64_t K = w.cols;
+  const int64_t band = std::max<int64_t>(64, (int64_t(1) << 22) / std::max<int64_t>(K, 1)) / kPanelRows * kPanelRows;
   std::vector<float> buf(size_t(std::min(band, w.rows) * K));
   for (int64_t n0 = 0; n0 < w.rows; n0 += band) {
     const int64_t nb = std::min(band, w.rows - n0);
-#pragma omp parallel for schedule(static) if (nb * K > (1 << 16))
-    for (int64_t r = 0; r < nb; ++r)
-      convert_to_f32(DType::BF16, w.ptr<uint16_t>() + (n0 + r) * w.ld, buf.data() + r * K, K);
+    unpack_rows_to_f32(w, n0, nb, buf.data());
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, x.rows, nb, K, 1.0f, x.ptr<float>(), x.ld, buf.data(), K,
                 accumulate ? 1.0f : 0.0f, y.ptr<float>() + n0, y.ld);
   }
 }
 
-template <int... Ms>
-void skinny_dispatch(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate, std::integer_sequence<int, Ms...>) {
-  ((x.rows == Ms + 1 ? (skinny_matmul_bf16<Ms + 1>(x, w, y, accumulate), true) : false) || ...);
-}
-
-// Up to a verification block of rows, streaming each weight once and keeping one accumulator
-// per row in registers beats widening the weights for BLAS; beyond that BLAS wins.
-constexpr int kMaxSkinnyRows = 16;
-
+// Decode and verification rows stream the weight once through the packed kernel, which is
+// also what keeps a verified row bit-identical to the same row decoded alone.
 void matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
-  if (x.rows <= kMaxSkinnyRows)
-    skinny_dispatch(x, w, y, accumulate, std::make_integer_sequence<int, kMaxSkinnyRows>{});
+  if (x.rows <= kPackedMaxRows)
+    packed_matmul(x, w, y, accumulate);
   else
     banded_matmul_bf16(x, w, y, accumulate);
 }
@@ -144,20 +74,22 @@ class CpuBackend final : public Backend {
   }
 
   // 2-D bf16 weights stay bf16 (half the bytes to stream per token; widened inside the
-  // matrix kernels); everything else is widened to f32 once here.
+  // matrix kernel), packed in row panels; everything else is widened to f32 once here.
   Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
     const FusedWeightShape shape = fused_weight_shape(parts);
-    const bool keep_bf16 = shape.all_bf16 && shape.all_matrices;
-    Tensor t = make_host_tensor(shape.rows, shape.cols, keep_bf16 ? DType::BF16 : DType::F32);
-    char* dst = static_cast<char*>(t.data);
+    if (shape.all_bf16 && shape.all_matrices) {
+      Tensor t = make_host_tensor(1, packed_bf16_bytes(shape.rows, shape.cols) / 2, DType::BF16);
+      pack_bf16_panels(parts, shape.cols, t.ptr<uint16_t>());
+      t.rows = shape.rows;
+      t.cols = t.ld = shape.cols;
+      t.packed = true;
+      return t;
+    }
+    Tensor t = make_host_tensor(shape.rows, shape.cols, DType::F32);
+    float* dst = t.ptr<float>();
     for (const auto* p : parts) {
-      if (keep_bf16) {
-        std::memcpy(dst, p->data, p->nbytes);
-        dst += p->nbytes;
-      } else {
-        convert_to_f32(p->dtype, p->data, reinterpret_cast<float*>(dst), p->numel());
-        dst += p->numel() * sizeof(float);
-      }
+      convert_to_f32(p->dtype, p->data, dst, p->numel());
+      dst += p->numel();
     }
     return t;
   }
@@ -179,7 +111,7 @@ class CpuBackend final : public Backend {
     check_f32(y, "matmul");
     if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
       throw Error("cpu matmul: shapes " + x.describe() + " · " + w.describe() + "ᵀ → " + y.describe());
-    if (w.dtype == DType::BF16) {
+    if (w.packed) {
       matmul_bf16(x, w, y, accumulate);
       return;
     }
@@ -291,8 +223,8 @@ class CpuBackend final : public Backend {
         throw Error("token id " + std::to_string(ids[r]) + " is outside the embedding table (" +
                     std::to_string(table.rows) + " rows)");
       float* dst = out.ptr<float>() + r * out.ld;
-      if (table.dtype == DType::BF16)
-        convert_to_f32(DType::BF16, table.ptr<uint16_t>() + ids[r] * table.ld, dst, table.cols);
+      if (table.packed)
+        packed_row_to_f32(table, ids[r], dst);
       else
         std::memcpy(dst, table.ptr<float>() + ids[r] * table.ld, table.cols * sizeof(float));
     }

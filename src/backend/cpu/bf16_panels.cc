@@ -1,0 +1,144 @@
+#include "backend/cpu/bf16_panels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "util/dtype.h"
+#include "util/error.h"
+
+namespace dflash {
+
+namespace {
+
+int64_t panel_count(int64_t rows) { return (rows + kPanelRows - 1) / kPanelRows; }
+
+const uint16_t* panel_base(const Tensor& w, int64_t panel) {
+  return w.ptr<uint16_t>() + panel * w.cols * kPanelRows;
+}
+
+// Rows m0 … m0+MR−1 of x against P consecutive panels (16·P outputs per row). Each (m, panel)
+// accumulator is a chain of FMAs over k; P panels side by side keep enough independent chains
+// in flight when MR is small.
+template <int MR, int P>
+void panel_tile(const float* const* xs, const uint16_t* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
+                bool accumulate) {
+#ifdef __AVX512F__
+  __m512 acc[P][MR];
+  for (int p = 0; p < P; ++p)
+    for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    for (int p = 0; p < P; ++p) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + (p * K + k) * kPanelRows));
+      const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m][k]), wv, acc[p][m]);
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    const int64_t n = n0 + p * kPanelRows;
+    if (n >= N) break;
+    const __mmask16 mask = N - n >= kPanelRows ? __mmask16(0xffff) : __mmask16((1u << (N - n)) - 1);
+    for (int m = 0; m < MR; ++m) {
+      __m512 v = acc[p][m];
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, ys[m] + n));
+      _mm512_mask_storeu_ps(ys[m] + n, mask, v);
+    }
+  }
+#else
+  for (int p = 0; p < P; ++p)
+    for (int i = 0; i < kPanelRows; ++i) {
+      const int64_t n = n0 + p * kPanelRows + i;
+      if (n >= N) break;
+      for (int m = 0; m < MR; ++m) {
+        float s = 0.f;
+        for (int64_t k = 0; k < K; ++k) s = std::fma(xs[m][k], bf16_to_f32(wp[(p * K + k) * kPanelRows + i]), s);
+        ys[m][n] = accumulate ? ys[m][n] + s : s;
+      }
+    }
+#endif
+}
+
+// Panels per tile by rows: enough FMA chains to cover the FMA latency, few enough registers.
+constexpr int panels_for(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
+
+using TileFn = void (*)(const float* const*, const uint16_t*, int64_t, float* const*, int64_t, int64_t, bool);
+
+template <int... Rs>
+constexpr auto make_tile_table(std::integer_sequence<int, Rs...>) {
+  struct Table {
+    TileFn wide[sizeof...(Rs)], single[sizeof...(Rs)];
+  };
+  return Table{{&panel_tile<Rs + 1, panels_for(Rs + 1)>...}, {&panel_tile<Rs + 1, 1>...}};
+}
+constexpr auto kTiles = make_tile_table(std::make_integer_sequence<int, kPanelRows>{});
+
+}  // namespace
+
+int64_t packed_bf16_bytes(int64_t rows, int64_t cols) {
+  return std::max<int64_t>(1, panel_count(rows)) * kPanelRows * cols * int64_t(sizeof(uint16_t));
+}
+
+void pack_bf16_panels(const std::vector<const TensorInfo*>& parts, int64_t cols, uint16_t* dst) {
+  // Byte pointers: a checkpoint's tensor data need not be 2-byte aligned.
+  std::vector<const uint8_t*> rows;
+  for (const auto* p : parts) {
+    const int64_t r = p->shape.size() == 2 ? p->shape[0] : 1;
+    for (int64_t i = 0; i < r; ++i) rows.push_back(p->data + i * cols * 2);
+  }
+  const int64_t N = static_cast<int64_t>(rows.size()), panels = panel_count(N);
+#pragma omp parallel for schedule(static) if (N * cols > (1 << 20))
+  for (int64_t p = 0; p < panels; ++p) {
+    uint16_t* out = dst + p * cols * kPanelRows;
+    for (int64_t k = 0; k < cols; ++k)
+      for (int64_t i = 0; i < kPanelRows; ++i) {
+        const int64_t n = p * kPanelRows + i;
+        uint16_t v = 0;
+        if (n < N) std::memcpy(&v, rows[n] + 2 * k, 2);
+        out[k * kPanelRows + i] = v;
+      }
+  }
+}
+
+void packed_row_to_f32(const Tensor& w, int64_t n, float* dst) {
+  const uint16_t* base = panel_base(w, n / kPanelRows) + n % kPanelRows;
+  for (int64_t k = 0; k < w.cols; ++k) dst[k] = bf16_to_f32(base[k * kPanelRows]);
+}
+
+void unpack_rows_to_f32(const Tensor& w, int64_t n0, int64_t count, float* dst) {
+#pragma omp parallel for schedule(static) if (count * w.cols > (1 << 16))
+  for (int64_t r = 0; r < count; ++r) packed_row_to_f32(w, n0 + r, dst + r * w.cols);
+}
+
+void packed_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
+  const int64_t M = x.rows, K = w.cols, N = w.rows;
+  if (M > kPackedMaxRows) throw Error("cpu packed matmul: " + std::to_string(M) + " rows");
+  if (M == 0 || N == 0) return;
+  const float* xs[kPackedMaxRows];
+  float* ys[kPackedMaxRows];
+  for (int64_t m = 0; m < M; ++m) {
+    xs[m] = x.ptr<float>() + m * x.ld;
+    ys[m] = y.ptr<float>() + m * y.ld;
+  }
+  const int64_t panels = panel_count(N);
+  // One tile width for all row chunks, so the parallel loop's unit is the same for each.
+  const int P = panels_for(static_cast<int>(std::min<int64_t>(M, kPanelRows)));
+  const int64_t groups = (panels + P - 1) / P;
+#pragma omp parallel for schedule(static) if (N * K > (1 << 16))
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t p0 = g * P, here = std::min<int64_t>(P, panels - p0);
+    for (int64_t m0 = 0; m0 < M; m0 += kPanelRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, M - m0));
+      if (here == panels_for(rows)) {
+        kTiles.wide[rows - 1](xs + m0, panel_base(w, p0), K, ys + m0, p0 * kPanelRows, N, accumulate);
+      } else {
+        for (int64_t p = p0; p < p0 + here; ++p)
+          kTiles.single[rows - 1](xs + m0, panel_base(w, p), K, ys + m0, p * kPanelRows, N, accumulate);
+      }
+    }
+  }
+}
+
+}  // namespace dflash

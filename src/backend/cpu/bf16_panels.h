@@ -1,0 +1,39 @@
+#pragma once
+// bf16 weights on the CPU, stored as panels: rows n0 … n0+15 of w [N, K] are interleaved so
+// that for each k the 16 values w[n0 … n0+15, k] are 32 contiguous bytes. A product then
+// widens one 16-lane vector per k and multiplies it by a broadcast x[m, k] for every row m,
+// so each output lane is one (m, n) pair and no horizontal sums are needed; the row-major
+// layout needed a 16-lane reduction per output, which cost as much as the products at the
+// few rows of a verification step.
+//
+// Every output y[m, n] is summed over k in ascending order in one f32 lane, whatever the
+// number of rows and however rows and panels are tiled: a row computed alone (plain decoding)
+// and inside a block (verification) gives the same bits.
+#include <cstdint>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "io/safetensors.h"
+
+namespace dflash {
+
+constexpr int64_t kPanelRows = 16;
+
+// Bytes a packed [rows, cols] weight takes (rows rounded up to whole panels, zero-filled).
+int64_t packed_bf16_bytes(int64_t rows, int64_t cols);
+// Packs the bf16 checkpoint tensors `parts` (concatenated along rows, each [r_i, cols]) into
+// `dst` of packed_bf16_bytes(Σ r_i, cols).
+void pack_bf16_panels(const std::vector<const TensorInfo*>& parts, int64_t cols, uint16_t* dst);
+// Row n of a packed weight, widened to f32.
+void packed_row_to_f32(const Tensor& w, int64_t n, float* dst);
+
+// Up to this many rows of x go through packed_matmul (one pass over the weights); more rows
+// (prefill) widen bands of the weight and use BLAS.
+constexpr int kPackedMaxRows = 32;
+// y[m, n] (+)= Σ_k x[m, k] · w[n, k]; x and y f32, w packed bf16; x.rows ≤ kPackedMaxRows.
+void packed_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate);
+// Rows n0 … n0+count−1 of a packed weight widened to f32 row-major [count, K]; n0 is a
+// multiple of kPanelRows.
+void unpack_rows_to_f32(const Tensor& w, int64_t n0, int64_t count, float* dst);
+
+}  // namespace dflash
