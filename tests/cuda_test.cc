@@ -1,8 +1,9 @@
 // The CUDA backend end to end: the tiny Qwen3 goldens and drafter goldens, and greedy
-// speculative == plain on the tiny pairs and the shipped pair. Every test skips where no GPU
-// is visible (CI, and builds without -DDFLASH_CUDA=ON). The op-by-op comparison with the CPU
-// backend is `dflash doctor`.
+// speculative == plain on the tiny pairs and the shipped pair, and the split-KV attention's
+// batch invariance. Every test skips where no GPU is visible (CI, and builds without
+// -DDFLASH_CUDA=ON). The op-by-op comparison with the CPU backend is `dflash doctor`.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -12,6 +13,7 @@
 #include "model/dflash_drafter.h"
 #include "model/qwen3.h"
 #include "test_util.h"
+#include "util/dtype.h"
 
 using namespace dflash;
 using namespace dflash::test;
@@ -44,6 +46,71 @@ std::vector<float> download(Backend& b, const Tensor& t) {
   std::vector<float> v(size_t(t.rows * t.cols));
   b.download(t, v.data());
   return v;
+}
+
+// Attention of T query rows at positions q_pos0 … over kv_len cached keys: each row computed in
+// the block must equal, bit for bit, the same row computed alone (T = 1, kv_len = its visible
+// count: a plain decode step), and the block must be near the CPU backend's f32 attention on the
+// same bf16-representable inputs.
+void check_attention_rows_alone(Backend& gpu, int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t kv_len,
+                                int64_t q_pos0, AttentionMask mask) {
+  SCOPED_TRACE("T " + std::to_string(T) + ", heads " + std::to_string(hq) + "/" + std::to_string(hkv) + " x " +
+               std::to_string(D) + ", kv_len " + std::to_string(kv_len) + ", q_pos0 " + std::to_string(q_pos0) +
+               (mask == AttentionMask::Causal ? ", causal" : ", no mask"));
+  const int64_t cache_rows = kv_len + 37;
+  std::mt19937 rng(static_cast<uint32_t>(T * 1000 + D));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto fill = [&](int64_t rows, int64_t cols, float scale) {
+    std::vector<float> h(size_t(rows * cols));
+    for (auto& x : h) x = bf16_to_f32(f32_to_bf16(scale * nd(rng)));  // exact in bf16: both backends see the same
+    return h;
+  };
+  // q at twice the spread of k makes the softmax peaked enough that a wrong key would show.
+  auto q = fill(T, hq * D, 2.f), k = fill(cache_rows, hkv * D, 1.f), v = fill(cache_rows, hkv * D, 1.f);
+  for (int64_t i = kv_len * hkv * D; i < cache_rows * hkv * D; ++i) k[size_t(i)] = v[size_t(i)] = NAN;  // never read
+  auto to_gpu = [&](const std::vector<float>& h, int64_t rows, int64_t cols) {
+    Tensor f = gpu.upload(h.data(), rows, cols);
+    Tensor b = gpu.alloc(rows, cols, DType::BF16);
+    gpu.copy(f, b);
+    return b;
+  };
+  const Tensor gq = to_gpu(q, T, hq * D), gk = to_gpu(k, cache_rows, hkv * D), gv = to_gpu(v, cache_rows, hkv * D);
+  Tensor gout = gpu.alloc(T, hq * D, DType::BF16);
+  gpu.attention(gq, gk, gv, kv_len, q_pos0, D, mask, gout);
+  const auto block = download(gpu, gout);
+  for (const float x : block) ASSERT_TRUE(std::isfinite(x));
+
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t visible = mask == AttentionMask::Causal ? std::min(kv_len, q_pos0 + t + 1) : kv_len;
+    Tensor out1 = gpu.alloc(1, hq * D, DType::BF16);
+    gpu.attention(gq.slice_rows(t, 1), gk, gv, visible, q_pos0 + t, D, mask, out1);
+    const auto alone = download(gpu, out1);
+    EXPECT_EQ(std::memcmp(alone.data(), block.data() + t * hq * D, alone.size() * sizeof(float)), 0)
+        << "row " << t << " differs between the block and alone (kv_len " << visible << ")";
+  }
+
+  auto cpu = make_cpu_backend();
+  const Tensor cq = cpu->upload(q.data(), T, hq * D), ck = cpu->upload(k.data(), cache_rows, hkv * D),
+               cv = cpu->upload(v.data(), cache_rows, hkv * D);
+  Tensor cout = cpu->alloc(T, hq * D, DType::F32);
+  cpu->attention(cq, ck, cv, kv_len, q_pos0, D, mask, cout);
+  const double l2 = relative_l2(block, download(*cpu, cout));
+  EXPECT_LT(l2, 1e-2);
+  std::printf("[ cuda     ] attention T %lld kv_len %lld D %lld: relative L2 vs CPU %.2e\n", static_cast<long long>(T),
+              static_cast<long long>(kv_len), static_cast<long long>(D), l2);
+}
+
+TEST(CudaAttention, SplitKvRowsInBlockEqualRowsAlone) {
+  REQUIRE_GPU(backend);
+  // Qwen3-8B's heads: 16 verification rows ending at the last of 1500 cached keys.
+  check_attention_rows_alone(*backend, 16, 32, 8, 128, 1500, 1500 - 16, AttentionMask::Causal);
+  // The largest verification block, head_dim 64, a kv_len that is no multiple of the chunk.
+  check_attention_rows_alone(*backend, 32, 8, 2, 64, 777, 777 - 32, AttentionMask::Causal);
+  // The drafter's block: every row sees every key.
+  check_attention_rows_alone(*backend, 16, 32, 8, 128, 300, 284, AttentionMask::None);
+  // head_dim 256 (smaller tiles) and an odd one (the scalar load path), one KV head.
+  check_attention_rows_alone(*backend, 16, 16, 1, 256, 200, 184, AttentionMask::Causal);
+  check_attention_rows_alone(*backend, 5, 6, 6, 12, 130, 125, AttentionMask::Causal);
 }
 
 class CudaQwen3Golden : public ::testing::TestWithParam<std::string> {};

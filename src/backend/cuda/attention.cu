@@ -1,11 +1,26 @@
-// Attention for prefill, verification and the drafter's block: one block of kWarps warps per
-// (query row, head). Keys are taken 32 at a time, one key per lane for the scores (so a warp
-// has 32 independent row loads in flight, which a decode step with few queries needs), then
-// the probabilities are broadcast and each lane accumulates its slice of the head dimension.
-// Each warp keeps an online softmax over its chunks; the warps are merged at the end. The
-// order of every sum depends only on the query and kv_len, never on how many queries share
-// the launch: one row verified in a block equals the same row decoded alone.
+// Attention, two paths chosen by the number of query rows T:
+//
+// - T ≤ kAttentionSplitMaxRows (decode, verification blocks, the drafter's block, short
+//   prompts): split-KV ("flash-decoding"). Keys are cut into chunks of kChunk at absolute
+//   positions (chunk c holds keys c·kChunk …), one block per (chunk, KV head, tile of query
+//   rows × the group's query heads), so K/V of a chunk are staged in shared memory once and
+//   serve every query head of the GQA group and every row of the tile. Each block writes, per
+//   (row, head, chunk), the chunk's max score, its sum of exp2 and the unnormalised output in
+//   f32 scratch; a second kernel merges the chunks of each (row, head) in chunk order.
+// - Larger T (prefill): one block of kWarps warps per (query row, head), below.
+//
+// Batch invariance: in the split path every number a row produces is a function of its query,
+// its visible key count and the keys themselves. Chunk boundaries are absolute positions and
+// the last chunk stops at the row's own visible count, so a row decoded alone (kv_len equal to
+// its visible count) and the same row inside a verification block (larger kv_len, the same
+// causal count) see the same chunks. Inside a chunk each dot product runs over d in order, the
+// max is exact, the sum of exp2 is one fixed butterfly, each output element sums its keys in
+// order; how rows and heads are tiled onto blocks and threads only decides who computes a
+// number, never how. The merge walks chunks 0, 1, … in order. Decode (T = 1) and verification
+// (T ≤ 32) therefore share one arithmetic, bit for bit.
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -16,7 +31,47 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxHeadDim = 256;
 
-// EPL = elements of the head dimension per lane (head_dim ≤ 32 · EPL).
+// Split path. 64 keys per chunk: a decode step over 512 cached rows still makes
+// 8 chunks × KV heads blocks, while the f32 scratch (D + 2 floats per row, head and chunk,
+// written once and read once) stays small beside the K/V bytes it summarises: 1/8 of them for
+// one row at D = 128 with four query heads per KV head. The softmax takes two keys per lane,
+// which fixes the value at 64.
+constexpr int kChunk = 64;
+constexpr int kSplitThreads = 128;
+static_assert(kChunk == 64, "split_kernel's softmax assumes two keys per lane");
+
+__device__ __forceinline__ int64_t visible_keys(int64_t t, int64_t kv_len, int64_t q_pos0, bool causal) {
+  return causal && q_pos0 + t + 1 < kv_len ? q_pos0 + t + 1 : kv_len;
+}
+
+// How many keys of the chunk starting at c0 a row with `visible` keys sees (0 … kChunk).
+__device__ __forceinline__ int keys_in_chunk(int64_t visible, int64_t c0) {
+  const int64_t n = visible - c0;
+  return n <= 0 ? 0 : n >= kChunk ? kChunk : static_cast<int>(n);
+}
+
+// Asynchronous 16-byte global → shared copies (sm_80+); older targets (a PTX-only build for
+// them, say) copy synchronously, which the waits then need not cover.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#else
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 template <int EPL>
 __device__ __forceinline__ void load_slice(const __nv_bfloat16* row, int d0, int D, bool vec, float (&f)[EPL]) {
   if (vec && d0 + EPL <= D) {
@@ -41,6 +96,10 @@ __device__ __forceinline__ void load_slice(const __nv_bfloat16* row, int d0, int
   for (int e = 0; e < EPL; ++e) f[e] = d0 + e < D ? __bfloat162float(row[d0 + e]) : 0.f;
 }
 
+// Prefill (T > kAttentionSplitMaxRows): one block of kWarps warps per (query row, head). Keys are
+// taken 32 at a time, one key per lane for the scores, then the probabilities are broadcast and
+// each lane accumulates its slice of the head dimension. Each warp keeps an online softmax; the
+// warps are merged at the end.
 template <int EPL>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_kernel(const __nv_bfloat16* __restrict__ q, int64_t ldq, const __nv_bfloat16* __restrict__ k,
@@ -126,11 +185,242 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+struct SplitArgs {
+  const __nv_bfloat16* q;
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;
+  int64_t ldq, ldk, ldv;
+  float2* part_ml;  // [T·hq·nc]: (max, sum of exp2) per (row, head, chunk)
+  float* part_o;    // [T·hq·nc, D]: unnormalised output per (row, head, chunk)
+  int64_t kv_len, q_pos0, T;
+  int hq, group, D, D8, nc;
+  int rows_per_block, heads_per_block, head_tiles;
+  float scale_log2;
+  bool causal, vec;
+};
+
+// Shared memory of one split block: K and V of the chunk as bf16 rows of D8 + 8 elements (the
+// pad staggers rows across banks for the one-key-per-lane reads), the tile's queries as f32
+// rows of D8 (zero-padded), then a score/probability row of kChunk per query.
+__host__ __device__ constexpr int split_row_stride(int D8) { return D8 + 8; }
+__host__ __device__ constexpr size_t split_smem_bytes(int D8, int nq4) {
+  return size_t(2) * kChunk * split_row_stride(D8) * 2 + size_t(nq4) * D8 * 4 + size_t(nq4) * kChunk * 4;
+}
+
+// Σ_j p_j · v_j for QV queries of the tile at once (they share the value loads) and four
+// elements of the head dimension; each output element still sums its own keys j = 0, 1, …
+// in order, so QV changes only which thread computes a number.
+template <int QV>
+__device__ __forceinline__ void split_pv(const SplitArgs& a, const __nv_bfloat16* Vs, const float* Ss, int nq,
+                                         int hg, int64_t t0, int h_base, int c, int64_t c0) {
+  const int Dp = split_row_stride(a.D8), n_d4 = (a.D + 3) / 4;
+  const int items = (nq + QV - 1) / QV * n_d4;
+  for (int i = threadIdx.x; i < items; i += kSplitThreads) {
+    const int d0 = (i % n_d4) * 4, qv0 = (i / n_d4) * QV;
+    int nv[QV], nv_max = 0;
+#pragma unroll
+    for (int u = 0; u < QV; ++u) {
+      const int qv = qv0 + u;
+      nv[u] = qv < nq ? keys_in_chunk(visible_keys(t0 + qv / hg, a.kv_len, a.q_pos0, a.causal), c0) : 0;
+      nv_max = max(nv_max, nv[u]);
+    }
+    float acc[QV][4];
+#pragma unroll
+    for (int u = 0; u < QV; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[u][e] = 0.f;
+    for (int j = 0; j < nv_max; ++j) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(Vs + j * Dp + d0);
+      const float vf[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                           __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
+#pragma unroll
+      for (int u = 0; u < QV; ++u) {
+        if (j < nv[u]) {  // a row's sum stops at its own last visible key
+          const float p = Ss[(qv0 + u) * kChunk + j];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[u][e] = fmaf(p, vf[e], acc[u][e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < QV; ++u) {
+      if (nv[u] == 0) continue;
+      const int qv = qv0 + u;
+      const int64_t t = t0 + qv / hg;
+      const int h = h_base + qv % hg;
+      float* dst = a.part_o + ((t * a.hq + h) * a.nc + c) * a.D + d0;
+      if (a.D % 4 == 0) {
+        *reinterpret_cast<float4*>(dst) = make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (d0 + e < a.D) dst[e] = acc[u][e];
+      }
+    }
+  }
+}
+
+// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
+__global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
+  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
+  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
+  const int h_in_group = head_tile * a.heads_per_block;
+  const int hg = min(a.heads_per_block, a.group - h_in_group);
+  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
+  const int64_t c0 = int64_t(c) * kChunk;
+  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
+  // past it (rows beyond kv_len among them) are never read.
+  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
+  if (n_load == 0) return;
+  const int D = a.D, D8 = a.D8, Dp = split_row_stride(D8);
+  const int nq = rows * hg, nq4 = (nq + 3) / 4 * 4;
+  auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* Vs = Ks + kChunk * Dp;
+  auto* Qs = reinterpret_cast<float*>(Vs + kChunk * Dp);
+  float* Ss = Qs + nq4 * D8;
+
+  // K and V of the chunk: asynchronous 16-byte copies, K and V as separate groups so the
+  // scores can start while V is still in flight.
+  const __nv_bfloat16* kb = a.k + c0 * a.ldk + int64_t(kvh) * D;
+  const __nv_bfloat16* vb = a.v + c0 * a.ldv + int64_t(kvh) * D;
+  if (a.vec) {  // D % 8 == 0, so D8 == D
+    const int segs = D / 8;
+    for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+      const int j = i / segs, s8 = (i % segs) * 8;
+      cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8);
+    }
+    cp_async_commit();
+    for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+      const int j = i / segs, s8 = (i % segs) * 8;
+      cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8);
+    }
+    cp_async_commit();
+  } else {
+    // Zero padding up to D8: the score loop then reads whole 8-element groups.
+    const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
+    for (int i = threadIdx.x; i < n_load * D8; i += kSplitThreads) {
+      const int j = i / D8, d = i % D8;
+      Ks[j * Dp + d] = d < D ? kb[j * a.ldk + d] : zero;
+      Vs[j * Dp + d] = d < D ? vb[j * a.ldv + d] : zero;
+    }
+  }
+  // Queries, scaled by head_dim^-0.5 · log2(e) once so the softmax runs on exp2; rows of the
+  // last group of four past nq are zeros (their scores are computed and ignored).
+  for (int i = threadIdx.x; i < nq4 * D8; i += kSplitThreads) {
+    const int qv = i / D8, d = i % D8;
+    float x = 0.f;
+    if (qv < nq && d < D)
+      x = __bfloat162float(a.q[(t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + d]) * a.scale_log2;
+    Qs[i] = x;
+  }
+  if (a.vec) cp_async_wait<1>();
+  __syncthreads();
+
+  // Scores: one key per thread against four queries (broadcast reads of q, one read of the key
+  // row per 8 elements); every dot product runs d = 0 … D8 − 1 in order.
+  for (int i = threadIdx.x; i < nq4 / 4 * kChunk; i += kSplitThreads) {
+    const int j = i % kChunk, q4 = i / kChunk;
+    if (j >= n_load) continue;
+    const __nv_bfloat16* kr = Ks + j * Dp;
+    const float* qr = Qs + q4 * 4 * D8;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int d = 0; d < D8; d += 8) {
+      float kf[8];
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(kr + d), kf);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float4 lo = *reinterpret_cast<const float4*>(qr + u * D8 + d);
+        const float4 hi = *reinterpret_cast<const float4*>(qr + u * D8 + d + 4);
+        float s = acc[u];
+        s = fmaf(lo.x, kf[0], s);
+        s = fmaf(lo.y, kf[1], s);
+        s = fmaf(lo.z, kf[2], s);
+        s = fmaf(lo.w, kf[3], s);
+        s = fmaf(hi.x, kf[4], s);
+        s = fmaf(hi.y, kf[5], s);
+        s = fmaf(hi.z, kf[6], s);
+        s = fmaf(hi.w, kf[7], s);
+        acc[u] = s;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) Ss[(q4 * 4 + u) * kChunk + j] = acc[u];
+  }
+  __syncthreads();
+
+  // Softmax of each query over its keys of the chunk: one warp per query, keys lane and
+  // lane + 32. The max is exact in any order; the sum is the fixed butterfly of warp_sum.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int qv = warp; qv < nq; qv += kSplitThreads / 32) {
+    const int64_t t = t0 + qv / hg;
+    const int nv = keys_in_chunk(visible_keys(t, a.kv_len, a.q_pos0, a.causal), c0);
+    if (nv == 0) continue;  // this chunk is past the row's last key
+    float* srow = Ss + qv * kChunk;
+    const float sa = lane < nv ? srow[lane] : -INFINITY;
+    const float sb = lane + 32 < nv ? srow[lane + 32] : -INFINITY;
+    const float m = warp_max(fmaxf(sa, sb));  // finite: key 0 of the chunk is visible
+    const float pa = lane < nv ? exp2f(sa - m) : 0.f;
+    const float pb = lane + 32 < nv ? exp2f(sb - m) : 0.f;
+    srow[lane] = pa;
+    srow[lane + 32] = pb;
+    const float l = warp_sum(pa + pb);
+    if (lane == 0) a.part_ml[(t * a.hq + h_base + qv % hg) * a.nc + c] = make_float2(m, l);
+  }
+  if (a.vec) cp_async_wait<0>();
+  __syncthreads();
+
+  // A decode step has a handful of queries: one per thread item keeps all 128 threads busy.
+  // Verification tiles have up to 64: four per item share each value load.
+  if (nq <= 8) split_pv<1>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
+  else split_pv<4>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
+}
+
+// Merges the chunks of one (row, head) in chunk order: out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M).
+__global__ void split_combine_kernel(const float2* __restrict__ part_ml, const float* __restrict__ part_o,
+                                     __nv_bfloat16* __restrict__ out, int64_t ldo, int hq, int D, int nc,
+                                     int64_t kv_len, int64_t q_pos0, bool causal) {
+  const int64_t t = blockIdx.x / hq;
+  const int h = blockIdx.x % hq;
+  const int64_t visible = visible_keys(t, kv_len, q_pos0, causal);
+  const int n = static_cast<int>((visible + kChunk - 1) / kChunk);
+  const float2* ml = part_ml + (t * hq + h) * nc;
+  const float* po = part_o + (t * hq + h) * nc * int64_t(D);
+  float M = -INFINITY;
+  for (int c = 0; c < n; ++c) M = fmaxf(M, ml[c].x);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.f, den = 0.f;
+#pragma unroll 4
+    for (int c = 0; c < n; ++c) {
+      const float2 x = ml[c];
+      const float w = exp2f(x.x - M);
+      num = fmaf(po[int64_t(c) * D + d], w, num);
+      den = fmaf(x.y, w, den);
+    }
+    out[t * ldo + int64_t(h) * D + d] = __float2bfloat16_rn(n > 0 ? num / den : 0.f);
+  }
+}
+
+int64_t split_chunks(int64_t kv_len) { return (kv_len + kChunk - 1) / kChunk; }
+int round_up8(int64_t d) { return static_cast<int>((d + 7) / 8 * 8); }
+// Queries (rows × heads) one split block serves: its shared memory holds them in f32.
+int split_max_queries(int D8) { return D8 <= 128 ? 64 : 32; }
+// Where the (max, sum) pairs end and the outputs begin: 256-byte aligned for the float4 stores.
+size_t split_ml_bytes(int64_t T, int64_t hq, int64_t nc) { return (size_t(T * hq * nc) * sizeof(float2) + 255) / 256 * 256; }
+
 }  // namespace
+
+size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len) {
+  if (T > kAttentionSplitMaxRows || T == 0) return 0;
+  const int64_t nc = split_chunks(kv_len);
+  return split_ml_bytes(T, hq, nc) + size_t(T * hq * nc * head_dim) * sizeof(float);
+}
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, cudaStream_t s) {
+               bool causal, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -141,8 +431,63 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
   const auto* kp = static_cast<const __nv_bfloat16*>(k);
   const auto* vp = static_cast<const __nv_bfloat16*>(v);
   auto* op = static_cast<__nv_bfloat16*>(out);
-  const unsigned blocks = static_cast<unsigned>(T * hq);
   const int group = static_cast<int>(hq / hkv), D = static_cast<int>(head_dim);
+
+  if (T <= kAttentionSplitMaxRows) {
+    if (!scratch && attention_scratch_bytes(T, hq, head_dim, kv_len) > 0)
+      throw Error("cuda attention: the split path needs scratch (attention_scratch_bytes)");
+    const int64_t nc = split_chunks(kv_len);
+    auto* part_ml = static_cast<float2*>(scratch);
+    auto* part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + split_ml_bytes(T, hq, nc));
+    if (nc > 0) {
+      if (nc > INT32_MAX) throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " too long");
+      SplitArgs a{};
+      a.q = qp;
+      a.k = kp;
+      a.v = vp;
+      a.ldq = ldq;
+      a.ldk = ldk;
+      a.ldv = ldv;
+      a.part_ml = part_ml;
+      a.part_o = part_o;
+      a.kv_len = kv_len;
+      a.q_pos0 = q_pos0;
+      a.T = T;
+      a.hq = static_cast<int>(hq);
+      a.group = group;
+      a.D = D;
+      a.D8 = round_up8(D);
+      a.nc = static_cast<int>(nc);
+      // Tiling decides only which block computes a (row, head, chunk), never how (see the file
+      // comment), so it may follow T freely: all heads of a group, then as many rows as fit.
+      const int max_q = split_max_queries(a.D8);
+      a.heads_per_block = std::min(group, max_q);
+      a.head_tiles = (group + a.heads_per_block - 1) / a.heads_per_block;
+      a.rows_per_block = static_cast<int>(std::min<int64_t>(T, std::max(1, max_q / a.heads_per_block)));
+      const int64_t row_tiles = (T + a.rows_per_block - 1) / a.rows_per_block;
+      a.scale_log2 = scale_log2;
+      a.causal = causal;
+      a.vec = vec;
+      const int nq4 = (a.rows_per_block * a.heads_per_block + 3) / 4 * 4;
+      const size_t smem = split_smem_bytes(a.D8, nq4);
+      // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
+      static const cudaError_t opt_in = cudaFuncSetAttribute(
+          split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(std::max(split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32))));
+      check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
+      const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
+                      static_cast<unsigned>(row_tiles * a.head_tiles));
+      split_kernel<<<grid, kSplitThreads, smem, s>>>(a);
+      check_launch("attention");
+    }
+    const int threads = std::min(256, (D + 31) / 32 * 32);
+    split_combine_kernel<<<static_cast<unsigned>(T * hq), threads, 0, s>>>(
+        part_ml, part_o, op, ldo, static_cast<int>(hq), D, static_cast<int>(nc), kv_len, q_pos0, causal);
+    check_launch("attention");
+    return;
+  }
+
+  const unsigned blocks = static_cast<unsigned>(T * hq);
   auto launch = [&](auto kernel) {
     kernel<<<blocks, kWarps * 32, 0, s>>>(qp, ldq, kp, ldk, vp, ldv, op, ldo, static_cast<int>(hq), group, D, kv_len,
                                           q_pos0, causal, scale_log2, vec);

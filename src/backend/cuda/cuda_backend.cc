@@ -2,6 +2,8 @@
 // everywhere, f32 logits. One stream carries every op; the host waits only where it must
 // read results (download, argmax_rows). Matrix products of more than kSkinnyMaxRows rows go
 // to cuBLAS; decode and verification products go to the batch-invariant skinny kernel.
+// DFLASH_CUDA_PROFILE=1 times every op with event pairs (profiler.h); otherwise each op pays
+// one null test for it.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -17,6 +19,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_pool.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/profiler.h"
 
 namespace dflash {
 namespace cuda {
@@ -38,6 +41,16 @@ void expect(const Tensor& t, DType dt, const char* op, const char* what) {
 void expect_device(const Tensor& t, const char* op, const char* what) {
   if (t.device != DeviceKind::CUDA)
     throw Error(std::string("cuda ") + op + ": " + what + " is not a CUDA tensor (" + t.describe() + ")");
+}
+
+std::string dims(int64_t a, int64_t b) { return std::to_string(a) + "x" + std::to_string(b); }
+std::string dims(const Tensor& t) { return dims(t.rows, t.cols) + " " + dtype_name(t.dtype); }
+
+// kv_len changes every decode step: the profile groups it in powers of two.
+std::string kv_bucket(int64_t kv_len) {
+  int64_t b = 1;
+  while (b < kv_len) b *= 2;
+  return "kv<=" + std::to_string(b);
 }
 
 void expect_same_shape(const Tensor& a, const Tensor& b, const char* op) {
@@ -74,10 +87,12 @@ class CudaBackend final : public Backend {
       check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
       check(cudaEventRecord(e, stream_), "init", "cudaEventRecord");  // "free" from the start
     }
+    prof_ = OpProfiler::from_env(stream_);
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    prof_.reset();  // prints the profile, if one was asked for
     for (auto e : staging_events_) cudaEventDestroy(e);
     cudaFreeHost(staging_);
     rope_.clear();
@@ -154,6 +169,7 @@ class CudaBackend final : public Backend {
 
   Tensor upload(const float* host, int64_t rows, int64_t cols) override {
     Tensor t = alloc(rows, cols, DType::F32);
+    OpTimer timer(prof_.get(), "upload", [&] { return dims(rows, cols); });
     check(cudaMemcpyAsync(t.data, host, size_t(rows * cols) * sizeof(float), cudaMemcpyHostToDevice, stream_),
           "upload", "host to device copy");
     return t;
@@ -162,6 +178,7 @@ class CudaBackend final : public Backend {
   void download(const Tensor& t, float* host) override {
     expect_device(t, "download", "source");
     if (t.numel() == 0) return;
+    OpTimer timer(prof_.get(), "download", [&] { return dims(t); });
     Tensor src = t;
     if (t.dtype != DType::F32) {  // widen on the device, then one packed copy
       src = alloc(t.rows, t.cols, DType::F32);
@@ -170,6 +187,7 @@ class CudaBackend final : public Backend {
     check(cudaMemcpy2DAsync(host, size_t(t.cols) * sizeof(float), src.data, size_t(src.ld) * sizeof(float),
                             size_t(t.cols) * sizeof(float), size_t(t.rows), cudaMemcpyDeviceToHost, stream_),
           "download", "device to host copy");
+    timer.stop();
     check(cudaStreamSynchronize(stream_), "download", "synchronising the stream");
   }
 
@@ -182,6 +200,10 @@ class CudaBackend final : public Backend {
       throw Error("cuda matmul: shapes " + x.describe() + " · " + w.describe() + "ᵀ → " + y.describe());
     const int64_t M = x.rows, N = w.rows, K = x.cols;
     if (M == 0 || N == 0) return;
+    OpTimer timer(prof_.get(), M <= kSkinnyMaxRows ? "matmul M<=32" : "matmul cublas", [&] {
+      return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + (ye == Elem::F32 ? " f32" : "") +
+             (accumulate ? " +=" : "");
+    });
     if (M <= kSkinnyMaxRows) {
       skinny_matmul(x.data, x.ld, w.data, w.ld, y.data, y.ld, ye, int(M), int(N), int(K), accumulate, stream_);
       return;
@@ -203,6 +225,7 @@ class CudaBackend final : public Backend {
       throw Error("cuda rms_norm: " + x.describe() + " with groups of " + std::to_string(group) + ", weight " +
                   w.describe());
     expect_same_shape(x, y, "rms_norm");
+    OpTimer timer(prof_.get(), "rms_norm", [&] { return dims(x) + " /" + std::to_string(group); });
     cuda::rms_norm(x.data, x.ld, elem_of(x, "rms_norm"), w.data, elem_of(w, "rms_norm"), y.data, y.ld,
                    elem_of(y, "rms_norm"), x.rows, x.cols, group, eps, stream_);
   }
@@ -220,6 +243,9 @@ class CudaBackend final : public Backend {
       consecutive = consecutive && positions[r] == positions[0] + int32_t(r);
     }
     if (x.rows == 0) return;
+    OpTimer timer(prof_.get(), "rope", [&] {
+      return std::to_string(x.rows) + "x" + std::to_string(x.cols / head_dim) + "x" + std::to_string(head_dim);
+    });
     const RopeEntry& e = rope_table(table);
     // Positions are nearly always a run (a prompt, a block): then they travel as one number.
     std::shared_ptr<void> dev_pos;
@@ -243,8 +269,22 @@ class CudaBackend final : public Backend {
                                           std::to_string(hkv) + " key/value heads");
     if (kv_len < 0 || kv_len > k.rows || kv_len > v.rows)
       throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " beyond the cache (" + k.describe() + ")");
+    OpTimer timer(prof_.get(), "attention", [&] {
+      return "T" + std::to_string(q.rows) + " " + kv_bucket(kv_len) + " " + std::to_string(hq) + "/" +
+             std::to_string(hkv) + "x" + std::to_string(head_dim) + (mask == AttentionMask::Causal ? " causal" : "");
+    });
+    // The split path's f32 partials come from the pool: freed when this returns, reused only by
+    // work queued behind the kernels that read them (one stream). The request grows with kv_len
+    // every 64 keys; rounded up to a power of two it maps to a few cached blocks instead of a
+    // synchronising cudaMalloc every 64 decode steps.
+    std::shared_ptr<void> scratch;
+    if (const size_t bytes = attention_scratch_bytes(q.rows, hq, head_dim, kv_len)) {
+      size_t rounded = 4096;
+      while (rounded < bytes) rounded *= 2;
+      scratch = pool_->allocate(rounded, "attention");
+    }
     cuda::attention(q.data, q.ld, k.data, k.ld, v.data, v.ld, out.data, out.ld, q.rows, hq, hkv, head_dim, kv_len,
-                    q_pos0, mask == AttentionMask::Causal, stream_);
+                    q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_);
   }
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
@@ -252,6 +292,7 @@ class CudaBackend final : public Backend {
     expect_device(out, "silu_mul", "out");
     if (gate_up.rows != out.rows || gate_up.cols != 2 * out.cols)
       throw Error("cuda silu_mul: " + gate_up.describe() + " → " + out.describe());
+    OpTimer timer(prof_.get(), "silu_mul", [&] { return dims(out); });
     cuda::silu_mul(gate_up.data, gate_up.ld, elem_of(gate_up, "silu_mul"), out.data, out.ld, elem_of(out, "silu_mul"),
                    out.rows, out.cols, stream_);
   }
@@ -267,6 +308,7 @@ class CudaBackend final : public Backend {
         throw Error("token id " + std::to_string(id) + " is outside the embedding table (" +
                     std::to_string(table.rows) + " rows)");
     if (ids.empty()) return;
+    OpTimer timer(prof_.get(), "embed", [&] { return std::to_string(ids.size()) + "x" + std::to_string(table.cols); });
     auto dev_ids = upload_ints(ids, "embed");
     cuda::embed(static_cast<const int32_t*>(dev_ids.get()), static_cast<int64_t>(ids.size()), table.data, table.ld,
                 elem_of(table, "embed"), table.cols, out.data, out.ld, elem_of(out, "embed"), stream_);
@@ -277,6 +319,7 @@ class CudaBackend final : public Backend {
     expect_device(dst, "copy", "dst");
     expect_same_shape(src, dst, "copy");
     if (src.numel() == 0) return;
+    OpTimer timer(prof_.get(), "copy", [&] { return dims(src) + "->" + dtype_name(dst.dtype); });
     if (src.dtype == dst.dtype) {
       const size_t es = dtype_size(src.dtype);
       check(cudaMemcpy2DAsync(dst.data, size_t(dst.ld) * es, src.data, size_t(src.ld) * es, size_t(src.cols) * es,
@@ -292,6 +335,7 @@ class CudaBackend final : public Backend {
     expect_device(x, "add", "x");
     expect_device(y, "add", "y");
     expect_same_shape(x, y, "add");
+    OpTimer timer(prof_.get(), "add", [&] { return dims(x) + "+" + dtype_name(y.dtype); });
     cuda::add(x.data, x.ld, elem_of(x, "add"), y.data, y.ld, elem_of(y, "add"), x.rows, x.cols, stream_);
   }
 
@@ -300,9 +344,11 @@ class CudaBackend final : public Backend {
     std::vector<int32_t> out(size_t(x.rows));
     if (x.rows == 0) return out;
     auto dev = pool_->allocate(out.size() * sizeof(int32_t), "argmax_rows");
+    OpTimer timer(prof_.get(), "argmax", [&] { return dims(x.rows, x.cols); });
     cuda::argmax_rows(x.ptr<float>(), x.ld, x.rows, x.cols, static_cast<int32_t*>(dev.get()), stream_);
     check(cudaMemcpyAsync(out.data(), dev.get(), out.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
           "argmax_rows", "device to host copy");
+    timer.stop();
     check(cudaStreamSynchronize(stream_), "argmax_rows", "synchronising the stream");
     return out;
   }
@@ -364,6 +410,7 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> staging_events_;
   size_t next_slot_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
+  std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
 };
 
 int visible_devices() {

@@ -4,6 +4,7 @@
 // (cuda_backend.cc), which owns the Tensor-level contract.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/cuda/cuda_common.h"
@@ -27,10 +28,18 @@ void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_ele
 void rope(void* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim, const int32_t* positions,
           int64_t pos0, const float* cos, const float* sin, cudaStream_t s);
 
-// Attention of bf16 q [T, hq·D] over k/v [kv_len, hkv·D] (GQA), out [T, hq·D].
+// Attention of bf16 q [T, hq·D] over k/v [kv_len, hkv·D] (GQA), out [T, hq·D]; causal: query t
+// sees keys 0 … q_pos0 + t. Up to kAttentionSplitMaxRows rows (decode, verification, drafting
+// blocks) take the split-KV path, whose result for a row depends only on the row's query, its
+// visible key count and the keys — never on T or kv_len beyond that — so a row verified in a
+// block equals the same row decoded alone, bit for bit. That path needs `scratch` of
+// attention_scratch_bytes() (f32 partial results; 0 means none, and null is then fine). Larger T
+// (prefill) takes a one-block-per-(row, head) kernel.
+constexpr int64_t kAttentionSplitMaxRows = 32;
+size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len);
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, cudaStream_t s);
+               bool causal, void* scratch, cudaStream_t s);
 
 void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64_t ldo, Elem out_elem, int64_t rows,
               int64_t inter, cudaStream_t s);
