@@ -216,9 +216,9 @@ void DFlashDrafter::add_context(SequenceState& state, const Tensor& features) {
                 std::to_string(state.capacity()) + " allocated");
   rope_.ensure(state.length() + m);
   const DType dt = b.activation_dtype();
-  Tensor ctx = b.alloc(m, H, dt);
-  b.matmul(features, fc_, ctx);
-  b.rms_norm(ctx, hidden_norm_, static_cast<float>(c.rms_norm_eps), H, ctx);
+  Tensor projected = b.alloc(m, H, DType::F32), ctx = b.alloc(m, H, dt);
+  b.matmul(features, fc_, projected);
+  b.rms_norm(projected, hidden_norm_, static_cast<float>(c.rms_norm_eps), H, ctx);
   std::vector<int32_t> pos(m);
   for (int64_t i = 0; i < m; ++i) pos[i] = static_cast<int32_t>(state.length() + i);
   Tensor kv_scratch = b.alloc(m, 2 * int64_t(c.num_key_value_heads) * c.head_dim, dt);
@@ -232,7 +232,6 @@ Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size
   const Qwen3Config& c = config_.layers;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t H = c.hidden_size, B = block_size;
-  const DType dt = b.activation_dtype();
   if (B < 2) throw Error("drafting needs a block of at least 2 rows");
   const int64_t R = rows > 0 ? std::min<int64_t>(rows, B) : B;
   if (state.length() + B > state.capacity())
@@ -247,7 +246,7 @@ Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size
   ids[0] = anchor;
   std::vector<int32_t> pos(B);
   for (int64_t i = 0; i < B; ++i) pos[i] = static_cast<int32_t>(s + i);
-  Tensor x = b.alloc(B, H, dt);
+  Tensor x = b.alloc(B, H, DType::F32);  // the residual stream, f32 as in the target
   b.embed(ids, target_.embed_tokens(), x);
   DecoderScratch scratch = make_decoder_scratch(b, c, B);
   for (size_t l = 0; l < layers_.size(); ++l)

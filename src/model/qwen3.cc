@@ -149,7 +149,9 @@ ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_
   std::vector<int32_t> positions(T);
   for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(pos0 + t);
   const DType dt = b.activation_dtype();
-  Tensor x = b.alloc(T, H, dt);
+  // The residual stream stays f32 on every backend: each layer adds two products into it, and
+  // rounding it to bf16 after every add is most of a bf16 engine's distance from f32.
+  Tensor x = b.alloc(T, H, DType::F32);
   b.embed(tokens, embed_, x);
   DecoderScratch scratch = make_decoder_scratch(b, c, T);
 
