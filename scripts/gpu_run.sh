@@ -39,7 +39,8 @@ fi
 
 OUT=${OUT:-/tmp/dflash-gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-"env build tests doctor pycode bench"}
+STEPS=${STEPS:-"env build tests doctor pycode bench forced hf"}
+Q8B=${Q8B:-build-gpu/q8b}  # synthesised weights: kept between calls while the machine stays warm
 TEST_FILTER=${TEST_FILTER:-'*Cuda*'}
 BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-16}
@@ -111,18 +112,21 @@ if has pycode; then
   fi
 fi
 
+q8b_prompt() { python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(151000)) for _ in range(512)))"; }
+
 if has bench; then
   step "synth Qwen3-8B-shaped random bf16 checkpoints"
   t0=$(date +%s)
-  if [[ ! -f /tmp/q8b/config.json ]]; then
-    "$BUILD/dflash" synth --preset qwen3-8b --out /tmp/q8b --draft-out /tmp/q8b-dflash || status=1
+  if [[ ! -f $Q8B/config.json ]]; then
+    "$BUILD/dflash" synth --preset qwen3-8b --out $Q8B --draft-out $Q8B-dflash || status=1
   fi
-  echo "synth took $(( $(date +%s) - t0 )) s"; du -sh /tmp/q8b /tmp/q8b-dflash
+  echo "synth took $(( $(date +%s) - t0 )) s"; du -sh $Q8B $Q8B-dflash
 
   step "bench Qwen3-8B shapes: 512-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation)"
-  ids=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(151000)) for _ in range(512)))")
-  timeout 150 "$BUILD/dflash" bench --device cuda --model /tmp/q8b --draft /tmp/q8b-dflash --prompt-ids "$ids" \
-    -n 64 --ignore-eos --no-adaptive --bandwidth --json "$OUT/bench_q8b.json" 2>&1 | tee "$OUT/bench_q8b.txt"
+  # The per-op profiler (DFLASH_CUDA_PROFILE=1) prints its table to stderr at exit.
+  DFLASH_CUDA_PROFILE=${PROFILE:-1} timeout 150 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
+    --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth --json "$OUT/bench_q8b.json" 2>&1 \
+    | tee "$OUT/bench_q8b.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 
   step "roofline"
@@ -143,6 +147,22 @@ if m:
     if tps:
         print(f"plain decode {tps:.1f} tokens/s = {100*tps/bound:.1f}% of the bound")
 EOF
+fi
+
+if has forced; then
+  step "Qwen3-8B shapes, BENCHMARK-ONLY forced acceptance (every step commits K tokens; not the target's output)"
+  for k in 3 5 7; do
+    timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash --prompt-ids "$(q8b_prompt)" \
+      -n 64 --ignore-eos --no-adaptive --forced-acceptance $k --json "$OUT/forced_$k.json" 2>&1 | grep -E "^ALL|^time|steps"
+  done
+fi
+
+if has hf; then
+  step "transformers side by side on the same weights (generate + a transformers DFlash loop)"
+  timeout 400 python3 tools/hf_side_by_side.py --target $Q8B --draft $Q8B-dflash --prompt-len 512 --new-tokens 64 \
+    --block 16 --steps 32 --device cuda --dtype bfloat16 --json "$OUT/hf_side_by_side.json" 2>&1 | tail -40 \
+    | tee "$OUT/hf_side_by_side.txt"
+  [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 
 step "done (status $status)"
