@@ -396,9 +396,14 @@ int run_doctor(const DoctorArgs& a) {
   if (!q) d.matmul(1, 4096, 24576, DType::BF16, false);
   d.matmul(1, 12288, 4096, DType::BF16, true);
   d.matmul(16, 4096, 4096, DType::BF16, false);
+  d.matmul(16, 4096, 2048, DType::BF16, false);
+  if (!q) d.matmul(16, 4096, 24576, DType::BF16, false);
   d.matmul(16, 12288, 4096, DType::BF16, true);
+  d.matmul(32, 4096, 4096, DType::BF16, false);
   d.matmul(1, 4096, 32768, DType::F32, false);
   d.matmul(15, 4096, 32768, DType::F32, false);
+  // The LM head (vocab 151936): the largest single weight a decode step streams.
+  if (!q) d.matmul(16, 4096, 151936, DType::F32, false);
   if (!q) d.matmul(512, 4096, 4096, DType::BF16, false);
   d.matmul(512, 4096, 1024, DType::BF16, true);
   d.matmul(33, 64, 96, DType::BF16, false);
@@ -406,6 +411,8 @@ int run_doctor(const DoctorArgs& a) {
   d.matmul(5, 61, 37, DType::BF16, false);
   d.matmul(3, 32, 16, DType::F32, false);
   d.matmul_batch_invariance(16, 4096, 1024, DType::BF16);
+  d.matmul_batch_invariance(16, 4096, 4096, DType::BF16);
+  d.matmul_batch_invariance(32, 12288, 4096, DType::BF16);
   d.matmul_batch_invariance(32, 384, 4160, DType::F32);
   d.matmul_batch_invariance(7, 64, 256, DType::F32);
 

@@ -41,6 +41,41 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
   }
 }
 
+// 16 bytes of a weight that is streamed once: read-only path, not kept in L1 (it would evict
+// the activations every warp re-reads), and a 256-byte L2 prefetch since the neighbouring
+// bytes of the row are wanted next.
+// (The qualifiers need sm_75; older targets get a plain read-only load.)
+__device__ __forceinline__ uint4 ld_stream_16(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+#else
+  return __ldg(static_cast<const uint4*>(p));
+#endif
+}
+
+// d (16x8 f32) += a (16x16 bf16, row-major fragments) · b (16x8 bf16, column fragments) on the
+// tensor cores. Lane (g = lane/4, t = lane%4) holds a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1],
+// a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g];
+// d = D[g][2t..2t+1], D[g+8][2t..2t+1]; of two bf16 in a register, the lower index is in the
+// low half (memory order, so a 16-byte load of 8 consecutive elements is 4 ready pairs).
+// Needs sm_80; callers check the kernel's PTX version on the host before launching.
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                 uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+  __trap();
+#endif
+}
+
 // Dispatches a functor templated on the element type named by `e`.
 template <typename F>
 void dispatch_elem(Elem e, F&& f) {

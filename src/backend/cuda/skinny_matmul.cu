@@ -1,11 +1,21 @@
 // y (+)= x · wᵀ for the few rows of a decode or verification step (M ≤ 32), where the cost is
-// streaming w once from memory. One warp owns R rows of w; its lanes walk K in 16-byte
-// chunks (8 bf16), keep M·R f32 partial sums, and reduce them with a fixed butterfly.
+// streaming w once from memory.
 //
-// Batch invariance: the partial sum of output (m, n) sees the same chunks in the same order,
-// and the same butterfly, for any M and any R. cuBLAS gives no such promise (it picks kernels,
-// split-K and tile orders by shape), which is why verification rows must not go through it
-// while plain decoding rows go through this kernel.
+// Main path (sm_80+, K a multiple of 32, 16-byte aligned rows): tensor cores, mma.sync
+// m16n8k16 bf16 → f32, with x's rows padded with zeros to 16 (or 32) so that one row and a
+// 16-row verification block run the very same instructions. Fallbacks (no tensor cores in the
+// build, odd K, unaligned views): the CUDA-core kernels further down.
+//
+// Batch invariance: the value of output (m, n) must not depend on M or on the other rows of x
+// (a row decoded alone must equal the same row inside a verification block, bit for bit; that
+// is what makes greedy speculative output equal plain output). Every choice of kernel, tiling
+// and K split below is made from N, K, the pointers and the strides, never from M; within a
+// kernel, each output sees the same products in the same order for every M. cuBLAS gives no
+// such promise (it picks kernels, split-K and tile orders by shape), which is why verification
+// rows must not go through it while plain decoding rows go through this file.
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -13,6 +23,190 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kWarps = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core kernel.
+//
+// A warp owns NT·8 rows of w (NT n8 tiles) and a contiguous slice of K, which it walks in
+// chunks of 32. In a chunk, lane (g, t) loads 16 bytes of weight row g of each tile, elements
+// 8t … 8t+7, and hands them to two mma's as B fragments: registers 0-1 to the first, 2-3 to
+// the second. That is the mma's k order permuted: logical k (2t, 2t+1 | 2t+8, 2t+9) of mma j
+// is physical k 8t + 4j + (0, 1 | 2, 3) of the chunk. The A fragments (x) are loaded with the
+// same permutation, two 16-byte loads per lane and m16 tile (rows g and g+8, elements
+// 8t … 8t+7), so every product x[m, k]·w[n, k] is formed exactly once, and output (m, n)
+// accumulates its chunks in ascending order, mma 0 before mma 1, whatever M is. Rows of x at or
+// past M are zeros in registers (not loaded); they change nothing in the other rows, since an
+// mma computes each row of its result from that row of A alone.
+//
+// Weights are loaded U chunks at a time (U·NT 16-byte loads per lane), and the next batch is
+// issued before the current one is used, so up to 2·U·NT loads per lane are in flight. They
+// bypass L1; x goes through L1, where the warps of a block and of the blocks sharing an SM
+// find it.
+//
+// The S warps of a block that share the same rows of w split K into S slices; their partial
+// sums meet in shared memory and are added in slice order 0, 1, …, S−1. S (1, 2, 4 or 8) and NT
+// come from N and K only, so a given weight matrix is always reduced the same way.
+constexpr int kTargetWarps = 2048;   // ≈ 132 SMs × 16 warps: enough loads in flight for HBM3e
+constexpr int kMinSliceChunks = 8;   // a K slice of at least 256 elements per warp
+
+template <int MT, int NT, typename Out>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
+                      int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate) {
+  constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
+  constexpr int kRows = NT * 8;
+  __shared__ float part[kWarps][MT * 16][kRows];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int G = kWarps / S;  // groups of rows of w per block; warp = slice · G + group
+  const int group = warp % G, slice = warp / G;
+  const int64_t block_n0 = int64_t(blockIdx.x) * G * kRows;
+  const int64_t n0 = block_n0 + int64_t(group) * kRows;
+  const int chunks = K / 32;
+  const int c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+  if (n0 < N) {  // warp-uniform; an idle warp still takes part in the barrier below
+    // 16-byte units: chunk c of lane t is unit 4c + t of the row.
+    const uint4* wrow[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int64_t n = n0 + nt * 8 + g;
+      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+    }
+    const uint4* xrow[MT][2];
+    bool xin[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = mt * 16 + h * 8 + g;
+        xin[mt][h] = m < M;
+        xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t;
+      }
+
+    // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
+    // to keep the compiler from hoisting them); the mma's for those steps are skipped.
+    const int c_last = c_end - 1;
+    uint4 cur[U][NT], next[U][NT];
+    auto load = [&](uint4 (&dst)[U][NT], int c) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int cu = c + u < c_last ? c + u : c_last;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
+      }
+    };
+    if (c_begin < c_end) load(cur, c_begin);
+    for (int c = c_begin; c < c_end; c += U) {
+      if (c + U < c_end) load(next, c + U);
+      // x for XU steps at a time, loaded together so their latencies overlap (one step at a
+      // time with two m16 tiles, where the registers would not hold more without spilling).
+      constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
+#pragma unroll
+      for (int u0 = 0; u0 < U; u0 += XU) {
+        uint4 a[XU][MT][2];
+#pragma unroll
+        for (int u = 0; u < XU; ++u) {
+          const int cu = c + u0 + u < c_last ? c + u0 + u : c_last;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) a[u][mt][h] = xin[mt][h] ? __ldg(xrow[mt][h] + 4 * cu) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < XU; ++u) {
+          if (c + u0 + u >= c_end) break;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint4 b = cur[u0 + u][nt];
+              const uint4 lo = a[u][mt][0], hi = a[u][mt][1];  // rows g and g+8
+              mma_bf16_16x8x16(acc[mt][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+              mma_bf16_16x8x16(acc[mt][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+            }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) cur[u][nt] = next[u][nt];
+    }
+  }
+
+  // Accumulator fragment: rows g and g+8 of the m16 tile, columns 2t and 2t+1 of the n8 tile.
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
+  __syncthreads();
+
+  // Consecutive threads take consecutive columns of one row of y: coalesced stores.
+  const int block_cols = G * kRows;
+  for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
+    const int m = i / block_cols, col = i % block_cols;
+    const int64_t n = block_n0 + col;
+    if (n >= N) continue;
+    const int grp = col / kRows, r = col % kRows;
+    float sum = part[grp][m][r];
+    for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
+    Out* dst = y + int64_t(m) * ldy + n;
+    *dst = from_f32<Out>(accumulate ? to_f32(*dst) + sum : sum);
+  }
+}
+
+template <int MT, int NT, typename Out>
+void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
+                int S, bool accumulate, cudaStream_t s) {
+  const int64_t groups = (int64_t(N) + NT * 8 - 1) / (NT * 8);
+  const int G = kWarps / S;
+  skinny_mma_kernel<MT, NT, Out><<<unsigned((groups + G - 1) / G), kWarps * 32, 0, s>>>(
+      static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy,
+      M, N, K, S, accumulate);
+}
+
+// Process-wide settings, read once (so they can never split a row alone from the same row in a
+// block). Tensor cores are used when the kernel exists in this binary for this device: a build
+// whose only PTX predates sm_80 (CMake's default CUDA architecture on some toolkits) has it
+// compiled to a trap. Two environment variables exist for measuring on the GPU without a
+// rebuild: DFLASH_SKINNY_MMA=0 forces the CUDA-core kernels (to compare against them), and
+// DFLASH_SKINNY_TARGET_WARPS=n changes the K-split target.
+struct MmaSettings {
+  bool enabled = false;
+  int64_t target_warps = kTargetWarps;
+};
+
+const MmaSettings& mma_settings() {
+  static const MmaSettings settings = [] {
+    MmaSettings m;
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, skinny_mma_kernel<1, 1, float>) == cudaSuccess)
+      m.enabled = a.ptxVersion >= 80 && a.binaryVersion >= 80;
+    else
+      (void)cudaGetLastError();  // not sticky: the fallback kernels still run
+    if (const char* e = std::getenv("DFLASH_SKINNY_MMA"); e && std::string(e) == "0") m.enabled = false;
+    if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) m.target_warps = std::atoll(e);
+    return m;
+  }();
+  return settings;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA-core fallbacks. One warp owns R rows of w; its lanes walk K in 16-byte chunks (8 bf16),
+// keep M·R f32 partial sums, and reduce them with a fixed butterfly: the partial sum of output
+// (m, n) sees the same chunks in the same order, and the same butterfly, for any M and any R.
+
 constexpr int kUnroll = 4;  // chunks loaded before the first is used: loads in flight per lane
 
 template <int MT, int R, typename Out>
@@ -213,11 +407,31 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
                    int N, int K, bool accumulate, cudaStream_t s) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul: skinny kernel called with " + std::to_string(M) + " rows");
+  // Every decision here reads N, K, pointers and strides, never M (see the top of the file).
+  // x's alignment is judged from its stride: a row sliced out of a block is aligned iff the
+  // block is, so a row alone and in its block take the same path.
   auto aligned = [](const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 8 == 0; };
   const bool vec = K % 8 == 0 && aligned(x, ldx) && aligned(w, ldw);
+  const MmaSettings& ms = mma_settings();
+  const bool mma = vec && K % 32 == 0 && ms.enabled;
+  // Two n8 tiles per warp once there are rows enough to fill the GPU that way; then as many K
+  // slices per block as it takes to reach the target warp count, while slices stay long.
+  const int NT = (int64_t(N) + 15) / 16 * kWarps >= ms.target_warps ? 2 : 1;
+  const int64_t groups = (int64_t(N) + NT * 8 - 1) / (NT * 8);
+  int S = 1;
+  while (S < kWarps && groups * S < ms.target_warps && K / 32 >= 2 * S * kMinSliceChunks) S *= 2;
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
-    if (!vec) {
+    if (mma) {
+      // One m16 tile for up to 16 rows, two beyond: a row's arithmetic is the same in either.
+      if (M <= 16) {
+        if (NT == 2) launch_mma<1, 2, Out>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, s);
+        else launch_mma<1, 1, Out>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, s);
+      } else {
+        if (NT == 2) launch_mma<2, 2, Out>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, s);
+        else launch_mma<2, 1, Out>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, s);
+      }
+    } else if (!vec) {
       skinny_scalar_kernel<Out><<<blocks_for(N, kWarps), kWarps * 32, 0, s>>>(
           static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y),
           ldy, M, N, K, accumulate);
