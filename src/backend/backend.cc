@@ -4,6 +4,31 @@
 
 namespace dflash {
 
+void Backend::norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& y,
+                          bool accumulate) {
+  Tensor h = alloc(x.rows, x.cols, activation_dtype());
+  rms_norm(x, norm_w, eps, x.cols, h);
+  matmul(h, w, y, accumulate);
+}
+
+void Backend::swiglu_matmul(const Tensor& gate_up, const Tensor& w, Tensor& y, bool accumulate) {
+  Tensor act = alloc(gate_up.rows, gate_up.cols / 2, activation_dtype());
+  silu_mul(gate_up, act);
+  matmul(act, w, y, accumulate);
+}
+
+void Backend::qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                 const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
+                                 int64_t head_dim, const RopeTable& table, Tensor& k_dst, Tensor& v_dst) {
+  if (!q.empty()) {
+    rms_norm(q, q_norm, eps, head_dim, q);
+    rope(q, positions, head_dim, table);
+  }
+  rms_norm(k, k_norm, eps, head_dim, k_dst);
+  rope(k_dst, positions, head_dim, table);
+  copy(v, v_dst);
+}
+
 FusedWeightShape fused_weight_shape(const std::vector<const TensorInfo*>& parts) {
   FusedWeightShape f;
   int64_t cols = -1;

@@ -50,6 +50,21 @@ class Backend {
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape, any strides
   virtual void add(const Tensor& x, Tensor& y) = 0;       // y += x
   virtual std::vector<int32_t> argmax_rows(const Tensor& x) = 0;
+
+  // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend
+  // overrides one where a single kernel saves launches and passes over memory. An override
+  // must still give each row the same bits whatever the number of rows (docs/cuda.md).
+  //
+  // y (+)= rms_norm(x; norm_w, eps) · wᵀ, the norm over each whole row of x.
+  virtual void norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& y,
+                           bool accumulate = false);
+  // y (+)= (silu(gate) ⊙ up) · wᵀ for gate_up [T, 2I] (gate then up).
+  virtual void swiglu_matmul(const Tensor& gate_up, const Tensor& w, Tensor& y, bool accumulate = false);
+  // Per head of head_dim: q ← rope(rms_norm(q; q_norm)) in place (skipped when q is empty),
+  // k_dst ← rope(rms_norm(k; k_norm)), v_dst ← v. Positions as in rope().
+  virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                  const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
+                                  int64_t head_dim, const RopeTable& table, Tensor& k_dst, Tensor& v_dst);
 };
 
 // The shape of several checkpoint tensors concatenated along rows (a fused projection; a 1-D

@@ -192,7 +192,7 @@ std::unique_ptr<DFlashDrafter> DFlashDrafter::load(const std::string& dir, const
   d->hidden_norm_ = b.upload_weight({&ckpt.get("hidden_norm.weight", {H})});
   d->final_norm_ = b.upload_weight({&ckpt.get("norm.weight", {H})});
   for (int i = 0; i < c.num_hidden_layers; ++i)
-    d->layers_.push_back(load_decoder_layer(ckpt, b, c, "layers." + std::to_string(i) + "."));
+    d->layers_.push_back(load_decoder_layer(ckpt, b, c, "layers." + std::to_string(i) + ".", /*context_kv=*/true));
   ckpt.check_all_used();
   return d;
 }

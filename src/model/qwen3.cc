@@ -9,18 +9,20 @@
 namespace dflash {
 
 DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3Config& c,
-                                       const std::string& prefix) {
+                                       const std::string& prefix, bool context_kv) {
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int64_t q_rows = int64_t(c.num_attention_heads) * D, kv_rows = int64_t(c.num_key_value_heads) * D;
   auto one = [&](const std::string& name, std::vector<int64_t> shape) {
     return b.upload_weight({&ckpt.get(prefix + name, shape)});
   };
+  const TensorInfo& q = ckpt.get(prefix + "self_attn.q_proj.weight", {q_rows, H});
+  const TensorInfo& k = ckpt.get(prefix + "self_attn.k_proj.weight", {kv_rows, H});
+  const TensorInfo& v = ckpt.get(prefix + "self_attn.v_proj.weight", {kv_rows, H});
   DecoderLayerWeights w;
   w.input_norm = one("input_layernorm.weight", {H});
   w.post_attention_norm = one("post_attention_layernorm.weight", {H});
-  w.q_proj = one("self_attn.q_proj.weight", {q_rows, H});
-  w.kv_proj = b.upload_weight({&ckpt.get(prefix + "self_attn.k_proj.weight", {kv_rows, H}),
-                               &ckpt.get(prefix + "self_attn.v_proj.weight", {kv_rows, H})});
+  w.qkv_proj = b.upload_weight({&q, &k, &v});
+  if (context_kv) w.kv_proj = b.upload_weight({&k, &v});
   w.q_norm = one("self_attn.q_norm.weight", {D});
   w.k_norm = one("self_attn.k_norm.weight", {D});
   w.o_proj = one("self_attn.o_proj.weight", {H, q_rows});
@@ -35,11 +37,9 @@ DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t ro
   const int64_t D = c.head_dim;
   DecoderScratch s;
   s.h = b.alloc(rows, c.hidden_size, dt);
-  s.q = b.alloc(rows, c.num_attention_heads * D, dt);
-  s.kv = b.alloc(rows, 2 * c.num_key_value_heads * D, dt);
+  s.qkv = b.alloc(rows, (c.num_attention_heads + 2 * c.num_key_value_heads) * D, dt);
   s.attn = b.alloc(rows, c.num_attention_heads * D, dt);
   s.gate_up = b.alloc(rows, 2 * int64_t(c.intermediate_size), dt);
-  s.act = b.alloc(rows, c.intermediate_size, dt);
   return s;
 }
 
@@ -47,36 +47,33 @@ void write_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, co
               const Tensor& h, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0,
               Tensor& kv_scratch) {
   const int64_t T = h.rows, D = c.head_dim, kv_cols = int64_t(c.num_key_value_heads) * D;
+  if (w.kv_proj.empty()) throw Error("write_kv: layer loaded without its context k/v projection");
   Tensor kv = kv_scratch.slice_rows(0, T);
   b.matmul(h, w.kv_proj, kv);
-  Tensor k = kv.slice_cols(0, kv_cols), v = kv.slice_cols(kv_cols, kv_cols);
-  b.rms_norm(k, w.k_norm, static_cast<float>(c.rms_norm_eps), D, k);
-  b.rope(k, positions, D, rope);
-  Tensor k_dst = cache.k.slice_rows(pos0, T), v_dst = cache.v.slice_rows(pos0, T);
-  b.copy(k, k_dst);
-  b.copy(v, v_dst);
+  Tensor none, k_dst = cache.k.slice_rows(pos0, T), v_dst = cache.v.slice_rows(pos0, T);
+  b.qk_norm_rope_store(none, kv.slice_cols(0, kv_cols), kv.slice_cols(kv_cols, kv_cols), w.q_norm, w.k_norm,
+                       static_cast<float>(c.rms_norm_eps), positions, D, rope, k_dst, v_dst);
 }
 
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
                                  const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,
                                  KvCache& cache, int64_t kv_pos0, int64_t kv_len, AttentionMask mask,
                                  DecoderScratch& s) {
-  const int64_t T = x.rows, D = c.head_dim, H = c.hidden_size;
+  const int64_t T = x.rows, D = c.head_dim;
+  const int64_t q_cols = int64_t(c.num_attention_heads) * D, kv_cols = int64_t(c.num_key_value_heads) * D;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  Tensor h = s.h.slice_rows(0, T), q = s.q.slice_rows(0, T), attn = s.attn.slice_rows(0, T);
-  b.rms_norm(x, w.input_norm, eps, H, h);
-  b.matmul(h, w.q_proj, q);
-  b.rms_norm(q, w.q_norm, eps, D, q);
-  b.rope(q, q_pos, D, rope);
-  write_kv(b, w, c, rope, h, q_pos, cache, kv_pos0, s.kv);
+  Tensor qkv = s.qkv.slice_rows(0, T), attn = s.attn.slice_rows(0, T);
+  b.norm_matmul(x, w.input_norm, eps, w.qkv_proj, qkv);
+  Tensor q = qkv.slice_cols(0, q_cols);
+  Tensor k_dst = cache.k.slice_rows(kv_pos0, T), v_dst = cache.v.slice_rows(kv_pos0, T);
+  b.qk_norm_rope_store(q, qkv.slice_cols(q_cols, kv_cols), qkv.slice_cols(q_cols + kv_cols, kv_cols), w.q_norm,
+                       w.k_norm, eps, q_pos, D, rope, k_dst, v_dst);
   b.attention(q, cache.k, cache.v, kv_len, q_pos[0], D, mask, attn);
   b.matmul(attn, w.o_proj, x, /*accumulate=*/true);
 
-  Tensor gate_up = s.gate_up.slice_rows(0, T), act = s.act.slice_rows(0, T);
-  b.rms_norm(x, w.post_attention_norm, eps, H, h);
-  b.matmul(h, w.gate_up_proj, gate_up);
-  b.silu_mul(gate_up, act);
-  b.matmul(act, w.down_proj, x, /*accumulate=*/true);
+  Tensor gate_up = s.gate_up.slice_rows(0, T);
+  b.norm_matmul(x, w.post_attention_norm, eps, w.gate_up_proj, gate_up);
+  b.swiglu_matmul(gate_up, w.down_proj, x, /*accumulate=*/true);
 }
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, Backend& b) {
@@ -120,7 +117,7 @@ int64_t Qwen3Model::weight_bytes_per_token() const {
   auto bytes = [](const Tensor& t) { return t.numel() * int64_t(dtype_size(t.dtype)); };
   int64_t total = bytes(lm_head_) + bytes(final_norm_);
   for (const auto& l : layers_)
-    for (const Tensor* t : {&l.input_norm, &l.post_attention_norm, &l.q_proj, &l.kv_proj, &l.q_norm, &l.k_norm,
+    for (const Tensor* t : {&l.input_norm, &l.post_attention_norm, &l.qkv_proj, &l.q_norm, &l.k_norm,
                             &l.o_proj, &l.gate_up_proj, &l.down_proj})
       total += bytes(*t);
   return total;

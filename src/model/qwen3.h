@@ -15,7 +15,8 @@ namespace dflash {
 
 struct DecoderLayerWeights {
   Tensor input_norm, post_attention_norm;
-  Tensor q_proj, kv_proj;  // kv_proj: k then v rows, one product for both
+  Tensor qkv_proj;  // q, k then v rows: one product for all three
+  Tensor kv_proj;   // k then v rows; only for layers that also project context rows (the drafter)
   Tensor q_norm, k_norm;
   Tensor o_proj;
   Tensor gate_up_proj, down_proj;  // gate_up: gate then up rows
@@ -24,8 +25,9 @@ struct DecoderLayerWeights {
 class Checkpoint;
 
 // Loads one Qwen3-style decoder layer under `prefix` ("model.layers.3." or "layers.3.").
+// `context_kv` also loads kv_proj for write_kv().
 DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& backend, const Qwen3Config& c,
-                                       const std::string& prefix);
+                                       const std::string& prefix, bool context_kv = false);
 
 struct ForwardOutput {
   Tensor logits;    // [rows asked for, vocab]
@@ -75,7 +77,7 @@ class Qwen3Model {
 // these rows are written to `cache` rows kv_pos0 … and attention covers cache rows
 // 0 … kv_len − 1 with `mask`. Shared by the target (causal) and the drafter (block).
 struct DecoderScratch {
-  Tensor h, q, kv, attn, gate_up, act;
+  Tensor h, qkv, attn, gate_up;
 };
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
                                  const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,
@@ -83,7 +85,8 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
                                  DecoderScratch& s);
 DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows);
 
-// Writes k_norm(k_proj(h)) with RoPE and v_proj(h) into cache rows pos0 … pos0 + T − 1.
+// Writes k_norm(k_proj(h)) with RoPE and v_proj(h) into cache rows pos0 … pos0 + T − 1
+// (layers loaded with context_kv).
 void write_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
               const Tensor& h, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0,
               Tensor& kv_scratch);
