@@ -207,6 +207,39 @@ class Doctor {
            got, want, tol_for(t_.activation_dtype()), us);
   }
 
+  // The fused q/k norm + RoPE + cache store of a decoder layer; q, the k rows and the v rows
+  // are compared (q may be absent: the drafter's context rows).
+  void qk_norm_rope_store(int64_t rows, int64_t hq, int64_t hkv, int64_t head_dim, int32_t pos0, bool with_q) {
+    RopeConfig c;
+    c.theta = 1e6;
+    RopeTable table(c, int(head_dim));
+    table.ensure(pos0 + rows);
+    std::vector<int32_t> positions(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) positions[size_t(i)] = pos0 + int32_t(i);
+    const int64_t D = head_dim, cols = (hq + 2 * hkv) * D;
+    auto [xt, xr] = activation(random(rows * cols, 2.0f), rows, cols);
+    auto [qnt, qnr] = weight(1, D, 1.0f, true);
+    auto [knt, knr] = weight(1, D, 1.0f, true);
+    const DType dt = t_.activation_dtype();
+    Tensor kt = poisoned(rows, hkv * D, dt), vt = poisoned(rows, hkv * D, dt);
+    Tensor kr = r_.alloc(rows, hkv * D, r_.activation_dtype()), vr = r_.alloc(rows, hkv * D, r_.activation_dtype());
+    auto run = [&](Backend& b, Tensor& x, const Tensor& qn, const Tensor& kn, Tensor& k_dst, Tensor& v_dst) {
+      Tensor q = with_q ? x.slice_cols(0, hq * D) : Tensor{};
+      b.qk_norm_rope_store(q, x.slice_cols(hq * D, hkv * D), x.slice_cols((hq + hkv) * D, hkv * D), qn, kn, 1e-6f,
+                           positions, D, table, k_dst, v_dst);
+    };
+    run(t_, xt, qnt, knt, kt, vt);
+    run(r_, xr, qnr, knr, kr, vr);
+    auto got = fetch(t_, kt), want = fetch(r_, kr);
+    for (auto [g, w] : {std::pair{fetch(t_, vt), fetch(r_, vr)}, std::pair{fetch(t_, xt), fetch(r_, xr)}}) {
+      got.insert(got.end(), g.begin(), g.end());
+      want.insert(want.end(), w.begin(), w.end());
+    }
+    const double us = time_us([&] { run(t_, xt, qnt, knt, kt, vt); }, kt);
+    report("qk_norm_rope_store", shape("qkv", rows, cols) + " hd " + std::to_string(D) + (with_q ? "" : " (no q)"),
+           got, want, tol_for(dt), us);
+  }
+
   // kv rows past kv_len are NaN on both sides: reading them poisons the output.
   void attention(int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t kv_len, int64_t q_pos0, AttentionMask mask) {
     const int64_t cap = kv_len + 7;
@@ -430,6 +463,11 @@ int run_doctor(const DoctorArgs& a) {
   d.rope(512, 8, 128, run512, 1e6);
   d.rope(5, 4, 16, scattered, 1e4);
   d.rope(1, 6, 64, {2047}, 1e4);
+
+  d.qk_norm_rope_store(1, 32, 8, 128, 700, true);
+  d.qk_norm_rope_store(16, 32, 8, 128, 595, true);
+  d.qk_norm_rope_store(3, 0, 8, 128, 10, false);
+  d.qk_norm_rope_store(5, 6, 2, 64, 0, true);
 
   d.attention(1, 32, 8, 128, 1037, 1036, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 611, 595, AttentionMask::Causal);

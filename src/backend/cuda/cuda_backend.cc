@@ -254,6 +254,48 @@ class CudaBackend final : public Backend {
                positions[0], static_cast<const float*>(e.cos.get()), static_cast<const float*>(e.sin.get()), stream_);
   }
 
+  void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                          float eps, const std::vector<int32_t>& positions, int64_t head_dim, const RopeTable& table,
+                          Tensor& k_dst, Tensor& v_dst) override {
+    const char* op = "qk_norm_rope_store";
+    if (!q.empty()) expect(q, DType::BF16, op, "q");
+    expect(k, DType::BF16, op, "k");
+    expect(v, DType::BF16, op, "v");
+    expect(k_dst, DType::BF16, op, "k_dst");
+    expect(v_dst, DType::BF16, op, "v_dst");
+    expect(q_norm, DType::F32, op, "q_norm");
+    expect(k_norm, DType::F32, op, "k_norm");
+    const int64_t T = k.rows;
+    if (head_dim % 2 || k.cols % head_dim || k_norm.numel() != head_dim || q_norm.numel() != head_dim ||
+        table.head_dim() != head_dim || (!q.empty() && (q.rows != T || q.cols % head_dim)))
+      throw Error(std::string("cuda ") + op + ": q " + q.describe() + ", k " + k.describe() + ", head_dim " +
+                  std::to_string(head_dim));
+    expect_same_shape(k, v, op);
+    expect_same_shape(k, k_dst, op);
+    expect_same_shape(v, v_dst, op);
+    if (static_cast<int64_t>(positions.size()) != T)
+      throw Error(std::string("cuda ") + op + ": " + std::to_string(positions.size()) + " positions for " +
+                  std::to_string(T) + " rows");
+    bool consecutive = true;
+    for (size_t r = 0; r < positions.size(); ++r) {
+      if (positions[r] < 0 || positions[r] >= table.size()) throw Error(std::string("cuda ") + op + ": position outside the table");
+      consecutive = consecutive && positions[r] == positions[0] + int32_t(r);
+    }
+    if (T == 0) return;
+    const int64_t hq = q.empty() ? 0 : q.cols / head_dim, hkv = k.cols / head_dim;
+    OpTimer timer(prof_.get(), op, [&] {
+      return std::to_string(T) + "x(" + std::to_string(hq) + "+2x" + std::to_string(hkv) + ")x" + std::to_string(head_dim);
+    });
+    const RopeEntry& e = rope_table(table);
+    std::shared_ptr<void> dev_pos;
+    if (!consecutive) dev_pos = upload_ints(positions, op);
+    cuda::qk_norm_rope_store(q.data, q.ld, hq, k.data, k.ld, v.data, v.ld, hkv, q_norm.ptr<float>(),
+                             k_norm.ptr<float>(), eps, T, head_dim, static_cast<const int32_t*>(dev_pos.get()),
+                             positions[0], static_cast<const float*>(e.cos.get()),
+                             static_cast<const float*>(e.sin.get()), k_dst.data, k_dst.ld, v_dst.data, v_dst.ld,
+                             stream_);
+  }
+
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
                  AttentionMask mask, Tensor& out) override {
     expect(q, DType::BF16, "attention", "q");
