@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (the workplace's nvidia-h200 device): build with the CUDA
 # backend, run the GPU tests, `dflash doctor`, and the benchmarks; everything lands in $OUT
-# (at most 8 files). Run from the repository root:
+# (at most 8 files come back: keep it to log, tests, doctor, bench_q8b.{txt,json}, bench_pycode,
+# forced, hf_side_by_side.json). Run from the repository root:
 #
 #   scripts/gpu_run.sh            # all steps
 #   STEPS="build doctor" scripts/gpu_run.sh
@@ -106,9 +107,12 @@ fi
 if has pycode; then
   step "shipped pair (models/qwen3-pycode-15m + dflash), held-out prompts, CUDA"
   if [[ -f models/qwen3-pycode-15m/config.json ]]; then
-    timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
-      --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 --ignore-eos \
-      --json "$OUT/bench_pycode.json" 2>&1 | tail -30 | tee "$OUT/bench_pycode.txt"
+    for mode in --no-adaptive ""; do  # block 16 fixed, then as the controller chooses
+      echo "--- ${mode:-adaptive}" | tee -a "$OUT/bench_pycode.txt"
+      timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
+        --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 $mode 2>&1 \
+        | grep -vE "^line " | tee -a "$OUT/bench_pycode.txt"
+    done
   fi
 fi
 
@@ -153,15 +157,14 @@ if has forced; then
   step "Qwen3-8B shapes, BENCHMARK-ONLY forced acceptance (every step commits K tokens; not the target's output)"
   for k in 3 5 7; do
     timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash --prompt-ids "$(q8b_prompt)" \
-      -n 64 --ignore-eos --no-adaptive --forced-acceptance $k --json "$OUT/forced_$k.json" 2>&1 | grep -E "^ALL|^time|steps"
+      -n 64 --ignore-eos --no-adaptive --forced-acceptance $k 2>&1 | grep -E "^ALL|^time|steps" | tee -a "$OUT/forced.txt"
   done
 fi
 
 if has hf; then
   step "transformers side by side on the same weights (generate + a transformers DFlash loop)"
   timeout 400 python3 tools/hf_side_by_side.py --target $Q8B --draft $Q8B-dflash --prompt-len 512 --new-tokens 64 \
-    --block 16 --steps 32 --device cuda --dtype bfloat16 --json "$OUT/hf_side_by_side.json" 2>&1 | tail -40 \
-    | tee "$OUT/hf_side_by_side.txt"
+    --block 16 --steps 32 --device cuda --dtype bfloat16 --json "$OUT/hf_side_by_side.json" 2>&1 | tail -40
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 
