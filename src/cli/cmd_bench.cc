@@ -12,6 +12,9 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#ifdef DFLASH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "util/error.h"
 
 namespace dflash::cli {
@@ -92,13 +95,18 @@ int run_bench(BenchArgs& a) {
   if (a.model.forced_acceptance > 0)
     std::printf("FORCED ACCEPTANCE %d: every step commits %d tokens; outputs are not the target's\n",
                 a.model.forced_acceptance, a.model.forced_acceptance);
+  double bw = 0;  // bytes read + written per second on the device that runs the model
   if (a.bandwidth) {
-    const double bw = copy_bandwidth(), bytes = double(m.target->weight_bytes_per_token());
+#ifdef DFLASH_CUDA
+    if (m.backend->device() == DeviceKind::CUDA) bw = cuda::copy_bandwidth(size_t(1) << 32);
+#endif
+    if (bw == 0) bw = copy_bandwidth();
+    const double bytes = double(m.target->weight_bytes_per_token());
     report["copy_bandwidth_gbs"] = bw / 1e9;
     report["weight_bytes_per_token"] = bytes;
     report["bandwidth_bound_tokens_per_second"] = bw / bytes;
-    std::printf("copy bandwidth %.2f GB/s (read + write); %.1f MB of weights per token; bound %.2f tokens/s\n",
-                bw / 1e9, bytes / 1e6, bw / bytes);
+    std::printf("%s copy bandwidth %.2f GB/s (read + write); %.1f MB of weights per token; bound %.2f tokens/s\n",
+                m.backend->name().c_str(), bw / 1e9, bytes / 1e6, bw / bytes);
   }
   std::printf("%-24s %7s %12s %12s %8s %6s  %s\n", "prompt", "tokens", "plain tok/s", "spec tok/s", "speedup", "tau",
               "acceptance histogram / block");
@@ -141,8 +149,25 @@ int run_bench(BenchArgs& a) {
     std::printf("%-24s %7lld %12.1f %12.1f %7.2fx %6.2f\n", "ALL", (long long)spec_total.generated_tokens, plain_tps,
                 spec_tps, spec_tps / plain_tps, spec_total.mean_acceptance_length());
     std::printf("%s", spec_total.to_text().c_str());
+    if (bw > 0 && spec_total.steps > 0) {
+      // A step's floor: the target's weights once for the block plus the drafter's.
+      const double bytes = double(m.target->weight_bytes_per_token() + m.drafter->weight_bytes_per_step());
+      const double step = (spec_total.draft_seconds + spec_total.verify_seconds) / double(spec_total.steps);
+      const double floor = bytes / bw;
+      report["step_seconds"] = step;
+      report["step_roofline_seconds"] = floor;
+      std::printf("DFlash step %.3f ms (draft %.3f + verify %.3f); roofline %.3f ms (%.2f GB at %.0f GB/s): %.2fx\n",
+                  1e3 * step, 1e3 * spec_total.draft_seconds / double(spec_total.steps),
+                  1e3 * spec_total.verify_seconds / double(spec_total.steps), 1e3 * floor, bytes / 1e9, bw / 1e9,
+                  step / floor);
+    }
   } else {
     std::printf("%-24s %7lld %12.1f\n", "ALL", (long long)plain_total.generated_tokens, plain_tps);
+  }
+  if (bw > 0) {
+    const double bound = bw / double(m.target->weight_bytes_per_token());
+    std::printf("plain decode %.1f tokens/s = %.1f%% of the %.1f tokens/s bound\n", plain_tps, 100 * plain_tps / bound,
+                bound);
   }
   if (!a.json_out.empty()) {
     std::ofstream(a.json_out) << report.dump(2) << "\n";

@@ -41,6 +41,9 @@ class DFlashDrafter {
                                              std::vector<std::string>* warnings = nullptr);
 
   const DrafterConfig& config() const { return config_; }
+  // Weight bytes one drafting step streams: the drafter's layers and fc, and the target's LM
+  // head again (borrowed for the block's logits). Context rows add a k/v projection per layer.
+  int64_t weight_bytes_per_step() const;
   SequenceState new_sequence(int64_t capacity) const;
 
   // Appends the context rows for `features` (the target's features of positions

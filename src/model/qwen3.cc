@@ -123,6 +123,8 @@ int64_t Qwen3Model::weight_bytes_per_token() const {
   return total;
 }
 
+int64_t Qwen3Model::lm_head_bytes() const { return lm_head_.numel() * int64_t(dtype_size(lm_head_.dtype)); }
+
 void Qwen3Model::project_to_vocab(const Tensor& normed_hidden, Tensor& logits) const {
   backend_.matmul(normed_hidden, lm_head_, logits);
 }

@@ -55,6 +55,7 @@ class Qwen3Model {
   // Weight bytes one decode step streams: every layer and the LM head (the embedding is only
   // gathered). The memory-bandwidth bound of plain decoding is bandwidth / this.
   int64_t weight_bytes_per_token() const;
+  int64_t lm_head_bytes() const;
 
   // Borrowed by the drafter.
   const Tensor& embed_tokens() const { return embed_; }
