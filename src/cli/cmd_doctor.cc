@@ -174,6 +174,106 @@ class Doctor {
         "each row alone == row in block, bitwise");
   }
 
+  // The fused decoder steps (the CUDA backend fuses them for M <= 32; prefill composes the ops):
+  // against the CPU, and bitwise against the test backend's own default composition.
+  void norm_matmul(int64_t M, int64_t K, int64_t N, bool accumulate) {
+    const DType dt = t_.activation_dtype();
+    const auto xh = random(M * K, 3.0f);
+    Tensor xt = to_test(xh, M, K, DType::F32), xr = r_.upload(xh.data(), M, K);  // the f32 residual stream
+    auto [nt, nr] = weight(1, K, 2.0f, /*vector=*/true);
+    auto [wt, wr] = weight(N, K, 1.0f / std::sqrt(float(K)));
+    const auto y0 = random(M * N);
+    Tensor yt = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
+    Tensor yc = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
+    Tensor yr = r_.upload(y0.data(), M, N);
+    t_.norm_matmul(xt, nt, 1e-6f, wt, yt, accumulate);
+    t_.Backend::norm_matmul(xt, nt, 1e-6f, wt, yc, accumulate);  // rms_norm, then matmul
+    r_.norm_matmul(xr, nr, 1e-6f, wr, yr, accumulate);
+    const auto got = fetch(t_, yt), composed = fetch(t_, yc), want = fetch(r_, yr);
+    Tensor ys = t_.alloc(M, N, dt);
+    const double us = time_us([&] { t_.norm_matmul(xt, nt, 1e-6f, wt, ys, false); }, ys);
+    const double us_composed = time_us([&] { t_.Backend::norm_matmul(xt, nt, 1e-6f, wt, ys, false); }, ys);
+    const std::string sh = shape("x", M, K) + " w" + dims(N, K) + (accumulate ? " +=" : "");
+    char note[96];
+    std::snprintf(note, sizeof note, "%.0f GB/s of weights; rms_norm + matmul %.1f us", double(N * K * 2) / (us * 1e3),
+                  us_composed);
+    report("norm_matmul", sh, got, want, tol_for(dt), us, note);
+    bitwise("norm_matmul=", sh + " fused", got, composed, "== rms_norm + matmul, bitwise");
+  }
+
+  void swiglu_matmul(int64_t M, int64_t I, int64_t N, bool accumulate) {
+    const DType dt = t_.activation_dtype();
+    auto [gt, gr] = activation(random(M * 2 * I, 4.0f), M, 2 * I);
+    auto [wt, wr] = weight(N, I, 1.0f / std::sqrt(float(I)));
+    const auto y0 = random(M * N);
+    Tensor yt = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
+    Tensor yc = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
+    Tensor yr = r_.upload(y0.data(), M, N);
+    t_.swiglu_matmul(gt, wt, yt, accumulate);
+    t_.Backend::swiglu_matmul(gt, wt, yc, accumulate);  // silu_mul, then matmul
+    r_.swiglu_matmul(gr, wr, yr, accumulate);
+    const auto got = fetch(t_, yt), composed = fetch(t_, yc), want = fetch(r_, yr);
+    Tensor ys = t_.alloc(M, N, dt);
+    const double us = time_us([&] { t_.swiglu_matmul(gt, wt, ys, false); }, ys);
+    const double us_composed = time_us([&] { t_.Backend::swiglu_matmul(gt, wt, ys, false); }, ys);
+    const std::string sh = shape("gate_up", M, 2 * I) + " w" + dims(N, I) + (accumulate ? " +=" : "");
+    char note[96];
+    std::snprintf(note, sizeof note, "%.0f GB/s of weights; silu_mul + matmul %.1f us", double(N * I * 2) / (us * 1e3),
+                  us_composed);
+    report("swiglu_matmul", sh, got, want, tol_for(dt), us, note);
+    bitwise("swiglu_matmul=", sh + " fused", got, composed, "== silu_mul + matmul, bitwise");
+  }
+
+  // Each row alone through the fused step == the same row inside the M-row block, bitwise.
+  void norm_matmul_batch_invariance(int64_t M, int64_t K, int64_t N) {
+    const DType dt = t_.activation_dtype();
+    Tensor xt = to_test(random(M * K, 3.0f), M, K, DType::F32);
+    auto [nt, nr] = weight(1, K, 2.0f, /*vector=*/true);
+    auto [wt, wr] = weight(N, K, 1.0f / std::sqrt(float(K)));
+    Tensor yb = poisoned(M, N, dt);
+    t_.norm_matmul(xt, nt, 1e-6f, wt, yb);
+    rows_alone("norm_matmul=", shape("x", M, K) + " w" + dims(N, K) + " row-alone", fetch(t_, yb), M, N,
+               [&](int64_t m, Tensor& y1) { t_.norm_matmul(xt.slice_rows(m, 1), nt, 1e-6f, wt, y1); });
+  }
+
+  void swiglu_matmul_batch_invariance(int64_t M, int64_t I, int64_t N) {
+    const DType dt = t_.activation_dtype();
+    Tensor gt = to_test(random(M * 2 * I, 4.0f), M, 2 * I, dt);
+    auto [wt, wr] = weight(N, I, 1.0f / std::sqrt(float(I)));
+    Tensor yb = poisoned(M, N, dt);
+    t_.swiglu_matmul(gt, wt, yb);
+    rows_alone("swiglu_matmul=", shape("gate_up", M, 2 * I) + " w" + dims(N, I) + " row-alone", fetch(t_, yb), M, N,
+               [&](int64_t m, Tensor& y1) { t_.swiglu_matmul(gt.slice_rows(m, 1), wt, y1); });
+  }
+
+  void rows_alone(const std::string& op, const std::string& sh, const std::vector<float>& block, int64_t M, int64_t N,
+                  const std::function<void(int64_t, Tensor&)>& one_row) {
+    double max_abs = 0;
+    bool ok = true;
+    for (int64_t m = 0; m < M; ++m) {
+      Tensor y1 = poisoned(1, N, t_.activation_dtype());
+      one_row(m, y1);
+      const auto single = fetch(t_, y1);
+      for (int64_t n = 0; n < N; ++n) {
+        const float a = single[size_t(n)], b = block[size_t(m * N + n)];
+        if (!(a == b)) ok = false;
+        max_abs = std::max(max_abs, double(std::abs(a - b)));
+      }
+    }
+    row(op, sh, max_abs, max_abs, 0, ok, 0, "each row alone == row in block, bitwise");
+  }
+
+  void bitwise(const std::string& op, const std::string& sh, const std::vector<float>& a, const std::vector<float>& b,
+               const std::string& note) {
+    double max_abs = 0;
+    bool ok = a.size() == b.size();
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      if (!(a[i] == b[i])) ok = false;
+      max_abs = std::max(max_abs, double(std::abs(a[i] - b[i])));
+    }
+    row(op, sh, max_abs, max_abs, 0, ok, 0, note);
+  }
+
   void rms_norm(int64_t rows, int64_t cols, int64_t group, bool in_place) {
     const DType dt = t_.activation_dtype();
     auto [xt, xr] = activation(random(rows * cols, 3.0f), rows, cols);
@@ -448,6 +548,22 @@ int run_doctor(const DoctorArgs& a) {
   d.matmul_batch_invariance(32, 12288, 4096, DType::BF16);
   d.matmul_batch_invariance(32, 384, 4160, DType::F32);
   d.matmul_batch_invariance(7, 64, 256, DType::F32);
+
+  // Fused decoder steps at 8B shapes: input norm + q/k/v, post-attention norm + gate/up,
+  // SwiGLU + down (accumulating into the residual stream as the layer does; here bf16).
+  for (int64_t M : {1, 16, 32}) {
+    d.norm_matmul(M, 4096, 6144, false);
+    if (!q || M == 1) d.norm_matmul(M, 4096, 24576, false);
+    d.swiglu_matmul(M, 12288, 4096, true);
+  }
+  d.norm_matmul(3, 64, 96, true);     // small, odd
+  d.swiglu_matmul(5, 64, 40, false);
+  d.norm_matmul(40, 4096, 1024, false);  // prefill: the default composition
+  d.swiglu_matmul(40, 256, 512, false);
+  d.norm_matmul_batch_invariance(16, 4096, 6144);
+  d.norm_matmul_batch_invariance(32, 4096, 2048);
+  d.swiglu_matmul_batch_invariance(16, 12288, 4096);
+  d.swiglu_matmul_batch_invariance(32, 12288, 1024);
 
   d.rms_norm(1, 4096, 4096, false);
   d.rms_norm(512, 4096, 4096, false);

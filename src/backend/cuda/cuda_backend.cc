@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -215,6 +217,63 @@ class CudaBackend final : public Backend {
                             ye == Elem::F32 ? CUDA_R_32F : CUDA_R_16BF, int(y.ld), CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT),
                "matmul", ("cublasGemmEx " + x.describe() + " · " + w.describe() + "ᵀ").c_str());
+  }
+
+  // norm_matmul and swiglu_matmul for decode and verification rows: the skinny kernel applies
+  // the norm (from a per-row inv_rms pre-pass) or the activation while it loads x, and the
+  // standalone rms_norm / silu_mul pass over x and its launch disappear. The transformed x is
+  // bit for bit what those ops would store, and the product then follows the plain skinny
+  // kernel's order, so the fused result equals the default composition and is batch invariant
+  // like it. Prefill (M > kSkinnyMaxRows), other dtypes, unaligned views and builds without
+  // tensor cores take the default composition. DFLASH_CUDA_FUSE=0 forces it (to measure).
+  void norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& y,
+                   bool accumulate) override {
+    const int64_t M = x.rows, N = w.rows, K = x.cols;
+    const bool fusable = fuse_enabled() && M <= kSkinnyMaxRows && x.device == DeviceKind::CUDA &&
+                         x.dtype == DType::F32 && norm_w.device == DeviceKind::CUDA && norm_w.dtype == DType::F32 &&
+                         norm_w.numel() == K && w.device == DeviceKind::CUDA && w.dtype == DType::BF16 &&
+                         w.cols == K && y.device == DeviceKind::CUDA && y.rows == M && y.cols == N &&
+                         (y.dtype == DType::F32 || y.dtype == DType::BF16) && K <= INT32_MAX && N <= INT32_MAX &&
+                         reinterpret_cast<uintptr_t>(norm_w.data) % 16 == 0 && rms_inv_supported(x.data, x.ld, K) &&
+                         skinny_fused_supported(SkinnyFusion::Norm, x.data, x.ld, w.data, w.ld, int(N), int(K));
+    if (!fusable) return Backend::norm_matmul(x, norm_w, eps, w, y, accumulate);
+    if (M == 0 || N == 0) return;
+    auto inv = pool_->allocate(size_t(M) * sizeof(float), "norm_matmul");
+    OpTimer timer(prof_.get(), "norm_matmul M<=32", [&] {
+      return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + (accumulate ? " +=" : "");
+    });
+    cuda::rms_inv(x.ptr<float>(), x.ld, M, K, eps, static_cast<float*>(inv.get()), stream_);
+    skinny_matmul_fused(SkinnyFusion::Norm, x.data, x.ld, static_cast<const float*>(inv.get()), norm_w.ptr<float>(),
+                        w.data, w.ld, y.data, y.ld, elem_of(y, "norm_matmul"), int(M), int(N), int(K), accumulate,
+                        stream_);
+  }
+
+  void swiglu_matmul(const Tensor& gate_up, const Tensor& w, Tensor& y, bool accumulate) override {
+    const int64_t M = gate_up.rows, N = w.rows, K = gate_up.cols / 2;
+    const bool fusable = fuse_enabled() && M <= kSkinnyMaxRows && gate_up.device == DeviceKind::CUDA &&
+                         gate_up.dtype == DType::BF16 && gate_up.cols == 2 * K && w.device == DeviceKind::CUDA &&
+                         w.dtype == DType::BF16 && w.cols == K && y.device == DeviceKind::CUDA && y.rows == M &&
+                         y.cols == N && (y.dtype == DType::F32 || y.dtype == DType::BF16) && K <= INT32_MAX &&
+                         N <= INT32_MAX &&
+                         skinny_fused_supported(SkinnyFusion::SwiGLU, gate_up.data, gate_up.ld, w.data, w.ld, int(N),
+                                                int(K));
+    if (!fusable) return Backend::swiglu_matmul(gate_up, w, y, accumulate);
+    if (M == 0 || N == 0) return;
+    OpTimer timer(prof_.get(), "swiglu_matmul M<=32", [&] {
+      return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + (accumulate ? " +=" : "");
+    });
+    skinny_matmul_fused(SkinnyFusion::SwiGLU, gate_up.data, gate_up.ld, nullptr, nullptr, w.data, w.ld, y.data, y.ld,
+                        elem_of(y, "swiglu_matmul"), int(M), int(N), int(K), accumulate, stream_);
+  }
+
+  // Read once per process: it must never split a row alone from the same row in a block (it
+  // cannot anyway, the fused and unfused paths give the same bits; this is for measuring).
+  static bool fuse_enabled() {
+    static const bool on = [] {
+      const char* e = std::getenv("DFLASH_CUDA_FUSE");
+      return !(e && std::string(e) == "0");
+    }();
+    return on;
   }
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) override {

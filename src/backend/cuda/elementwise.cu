@@ -2,6 +2,7 @@
 // conversion, residual add. One thread per element; all are a few percent of a step at most.
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/swiglu.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -14,7 +15,7 @@ __global__ void silu_mul_kernel(const In* gu, int64_t ld_gu, Out* out, int64_t l
   if (i >= rows * inter) return;
   const int64_t r = i / inter, c = i % inter;
   const float g = to_f32(gu[r * ld_gu + c]), u = to_f32(gu[r * ld_gu + inter + c]);
-  out[r * ldo + c] = from_f32<Out>(g / (1.0f + expf(-g)) * u);
+  out[r * ldo + c] = from_f32<Out>(silu_mul_f32(g, u));
 }
 
 template <typename In, typename Out>

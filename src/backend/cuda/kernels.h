@@ -19,9 +19,28 @@ constexpr int kSkinnyMaxRows = 32;
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem,
                    int M, int N, int K, bool accumulate, cudaStream_t s);
 
+// The skinny product with x transformed on its way in (decode and verification rows of a
+// decoder layer), so the standalone norm / activation pass disappears:
+//   Norm:   x f32 [M, K], y (+)= bf16(norm_w ⊙ x[m] · inv_rms[m]) · wᵀ (inv_rms from rms_inv);
+//   SwiGLU: x = [gate | up] bf16 [M, 2K], y (+)= bf16(silu(gate) ⊙ up) · wᵀ.
+// The transformed x equals, bit for bit, what rms_norm / silu_mul would store, and the product
+// then takes the plain skinny kernel's tiling and order: the fused result equals the unfused one
+// and is batch invariant like it. Only where skinny_fused_supported() (tensor cores, K % 32 == 0,
+// aligned rows; judged from pointers, strides, N and K, never M).
+enum class SkinnyFusion { Norm, SwiGLU };
+bool skinny_fused_supported(SkinnyFusion f, const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
+void skinny_matmul_fused(SkinnyFusion f, const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
+                         const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M, int N, int K,
+                         bool accumulate, cudaStream_t s);
+
 // Each `group` consecutive elements of a row: y = w ⊙ x / rms(x); in place allowed.
 void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_elem, void* y, int64_t ldy,
               Elem y_elem, int64_t rows, int64_t cols, int64_t group, float eps, cudaStream_t s);
+// inv[r] = rsqrt(mean(x[r]²) + eps) for f32 rows of `cols`, reduced exactly as rms_norm's vector
+// kernel reduces a group of that size (so norm + product fused equals the two ops). Only where
+// rms_inv_supported() (16-byte-aligned rows, cols % 4 == 0, cols ≤ 16384).
+bool rms_inv_supported(const void* x, int64_t ldx, int64_t cols);
+void rms_inv(const float* x, int64_t ldx, int64_t rows, int64_t cols, float eps, float* inv, cudaStream_t s);
 
 // Rotate-half RoPE in place on bf16 x [rows, heads·head_dim]; position of row r is
 // positions[r] when `positions` is non-null, else pos0 + r. cos/sin: [table rows, head_dim/2].

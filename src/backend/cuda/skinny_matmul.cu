@@ -18,6 +18,7 @@
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/swiglu.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -49,10 +50,57 @@ constexpr int kWarps = 8;
 constexpr int kTargetWarps = 2048;   // ≈ 132 SMs × 16 warps: enough loads in flight for HBM3e
 constexpr int kMinSliceChunks = 8;   // a K slice of at least 256 elements per warp
 
-template <int MT, int NT, typename Out>
+// What the kernel does to x on its way to the tensor cores (see skinny_matmul_fused in kernels.h).
+// Each yields, for a 16-byte unit of 8 elements, exactly the bf16 the standalone kernel would
+// have stored (rms_norm.cu, elementwise.cu), so a fused product equals the unfused one bit for
+// bit and inherits its batch invariance.
+enum XForm : int {
+  kPlain = 0,   // x bf16 as is
+  kNorm = 1,    // x f32; h = bf16(norm_w[k] · (x[k] · inv_rms[m]))
+  kSwiGLU = 2,  // x = [gate | up] bf16 of 2K columns; h = bf16(silu(gate[k]) · up[k])
+};
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);  // .x (lo) at the lower address
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+// The transformed 16-byte unit `unit` (elements 8·unit … 8·unit+7) of row m of x.
+template <int XF>
+__device__ __forceinline__ uint4 load_x_unit(const void* __restrict__ x, int64_t ldx, int m, int64_t unit, int K,
+                                             const float* __restrict__ inv, const float* __restrict__ nw) {
+  if constexpr (XF == kNorm) {
+    const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + int64_t(m) * ldx) + 2 * unit;
+    const float4* wv = reinterpret_cast<const float4*>(nw) + 2 * unit;
+    const float4 x0 = __ldg(row), x1 = __ldg(row + 1), w0 = __ldg(wv), w1 = __ldg(wv + 1);
+    const float r = __ldg(inv + m);
+    const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const float ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    float h[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) h[e] = __fmul_rn(ws[e], __fmul_rn(xs[e], r));
+    return make_uint4(pack_bf16x2(h[0], h[1]), pack_bf16x2(h[2], h[3]), pack_bf16x2(h[4], h[5]),
+                      pack_bf16x2(h[6], h[7]));
+  } else if constexpr (XF == kSwiGLU) {
+    const uint4* row = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + int64_t(m) * ldx);
+    float g[8], u[8], h[8];
+    unpack_bf16x8(__ldg(row + unit), g);
+    unpack_bf16x8(__ldg(row + K / 8 + unit), u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) h[e] = silu_mul_f32(g[e], u[e]);
+    return make_uint4(pack_bf16x2(h[0], h[1]), pack_bf16x2(h[2], h[3]), pack_bf16x2(h[4], h[5]),
+                      pack_bf16x2(h[6], h[7]));
+  } else {
+    return __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + int64_t(m) * ldx) + unit);
+  }
+}
+
+template <int MT, int NT, typename Out, int XF = kPlain>
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
-                      int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate) {
+    skinny_mma_kernel(const void* __restrict__ xv, int64_t ldx, const __nv_bfloat16* __restrict__ w, int64_t ldw,
+                      Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
+                      const float* __restrict__ inv, const float* __restrict__ nw) {
+  const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(xv);
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   constexpr int kRows = NT * 8;
   __shared__ float part[kWarps][MT * 16][kRows];
@@ -108,6 +156,36 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     if (c_begin < c_end) load(cur, c_begin);
     for (int c = c_begin; c < c_end; c += U) {
       if (c + U < c_end) load(next, c + U);
+      if constexpr (XF != kPlain) {
+        // Transformed x, one step at a time. A half tile (8 rows) with no row below M is
+        // skipped as a whole (warp-uniform), so one row costs one half's transform; lanes of
+        // rows at or past M transform row 0 and keep zeros. The values do not depend on M.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (c + u >= c_end) break;
+          uint4 a[MT][2];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              a[mt][h] = make_uint4(0, 0, 0, 0);
+              if (mt * 16 + h * 8 < M) {
+                const int m = mt * 16 + h * 8 + g;
+                const uint4 v = load_x_unit<XF>(xv, ldx, xin[mt][h] ? m : 0, int64_t(4) * (c + u) + t, K, inv, nw);
+                if (xin[mt][h]) a[mt][h] = v;
+              }
+            }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint4 b = cur[u][nt];
+              const uint4 lo = a[mt][0], hi = a[mt][1];
+              mma_bf16_16x8x16(acc[mt][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+              mma_bf16_16x8x16(acc[mt][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+            }
+        }
+      } else {
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
       constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -136,6 +214,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
             }
         }
       }
+      }  // XF == kPlain
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -166,14 +245,41 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-template <int MT, int NT, typename Out>
+template <int MT, int NT, typename Out, int XF = kPlain>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                int S, bool accumulate, cudaStream_t s) {
+                int S, bool accumulate, cudaStream_t s, const float* inv = nullptr, const float* nw = nullptr) {
   const int64_t groups = (int64_t(N) + NT * 8 - 1) / (NT * 8);
   const int G = kWarps / S;
-  skinny_mma_kernel<MT, NT, Out><<<unsigned((groups + G - 1) / G), kWarps * 32, 0, s>>>(
-      static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy,
-      M, N, K, S, accumulate);
+  skinny_mma_kernel<MT, NT, Out, XF><<<unsigned((groups + G - 1) / G), kWarps * 32, 0, s>>>(
+      x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, inv, nw);
+}
+
+// The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
+// and K only (shared by the plain and the fused products, so both reduce a weight the same way).
+struct MmaTiling {
+  int NT = 1, S = 1;
+};
+MmaTiling mma_tiling(int N, int K, int64_t target_warps) {
+  MmaTiling m;
+  // Two n8 tiles per warp once there are rows enough to fill the GPU that way; then as many K
+  // slices per block as it takes to reach the target warp count, while slices stay long.
+  m.NT = (int64_t(N) + 15) / 16 * kWarps >= target_warps ? 2 : 1;
+  const int64_t groups = (int64_t(N) + m.NT * 8 - 1) / (m.NT * 8);
+  while (m.S < kWarps && groups * m.S < target_warps && K / 32 >= 2 * m.S * kMinSliceChunks) m.S *= 2;
+  return m;
+}
+
+template <typename Out, int XF>
+void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
+                  const MmaTiling& tl, bool accumulate, cudaStream_t s, const float* inv, const float* nw) {
+  // One m16 tile for up to 16 rows, two beyond: a row's arithmetic is the same in either.
+  if (M <= 16) {
+    if (tl.NT == 2) launch_mma<1, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, s, inv, nw);
+    else launch_mma<1, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, s, inv, nw);
+  } else {
+    if (tl.NT == 2) launch_mma<2, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, s, inv, nw);
+    else launch_mma<2, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, s, inv, nw);
+  }
 }
 
 // Process-wide settings, read once (so they can never split a row alone from the same row in a
@@ -414,23 +520,11 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   const bool vec = K % 8 == 0 && aligned(x, ldx) && aligned(w, ldw);
   const MmaSettings& ms = mma_settings();
   const bool mma = vec && K % 32 == 0 && ms.enabled;
-  // Two n8 tiles per warp once there are rows enough to fill the GPU that way; then as many K
-  // slices per block as it takes to reach the target warp count, while slices stay long.
-  const int NT = (int64_t(N) + 15) / 16 * kWarps >= ms.target_warps ? 2 : 1;
-  const int64_t groups = (int64_t(N) + NT * 8 - 1) / (NT * 8);
-  int S = 1;
-  while (S < kWarps && groups * S < ms.target_warps && K / 32 >= 2 * S * kMinSliceChunks) S *= 2;
+  const MmaTiling tl = mma_tiling(N, K, ms.target_warps);
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
     if (mma) {
-      // One m16 tile for up to 16 rows, two beyond: a row's arithmetic is the same in either.
-      if (M <= 16) {
-        if (NT == 2) launch_mma<1, 2, Out>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, s);
-        else launch_mma<1, 1, Out>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, s);
-      } else {
-        if (NT == 2) launch_mma<2, 2, Out>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, s);
-        else launch_mma<2, 1, Out>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, s);
-      }
+      dispatch_mma<Out, kPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, s, nullptr, nullptr);
     } else if (!vec) {
       skinny_scalar_kernel<Out><<<blocks_for(N, kWarps), kWarps * 32, 0, s>>>(
           static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y),
@@ -450,6 +544,35 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
     }
   });
   check_launch("matmul (skinny)");
+}
+
+bool skinny_fused_supported(SkinnyFusion f, const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
+  if (!mma_settings().enabled || K % 32 != 0 || N <= 0) return false;
+  auto aligned = [](const void* p, int64_t ld, int per16) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % per16 == 0;
+  };
+  if (!aligned(w, ldw, 8)) return false;
+  // x is f32 for the norm (4 per 16 bytes), [gate | up] bf16 for SwiGLU (8 per 16 bytes).
+  return f == SkinnyFusion::Norm ? aligned(x, ldx, 4) : aligned(x, ldx, 8);
+}
+
+void skinny_matmul_fused(SkinnyFusion f, const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
+                         const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M, int N, int K,
+                         bool accumulate, cudaStream_t s) {
+  if (M == 0 || N == 0) return;
+  if (M > kSkinnyMaxRows)
+    throw Error("cuda matmul: fused skinny kernel called with " + std::to_string(M) + " rows");
+  if (!skinny_fused_supported(f, x, ldx, w, ldw, N, K))
+    throw Error("cuda matmul: fused skinny kernel called where it does not apply");
+  const MmaTiling tl = mma_tiling(N, K, mma_settings().target_warps);
+  dispatch_elem(y_elem, [&](auto yi) {
+    using Out = decltype(yi);
+    if (f == SkinnyFusion::Norm)
+      dispatch_mma<Out, kNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, s, inv_rms, norm_w);
+    else
+      dispatch_mma<Out, kSwiGLU>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, s, nullptr, nullptr);
+  });
+  check_launch("matmul (skinny, fused)");
 }
 
 }  // namespace dflash::cuda
