@@ -4,9 +4,12 @@
 //   prompts): split-KV ("flash-decoding"). Keys are cut into chunks of kChunk at absolute
 //   positions (chunk c holds keys c·kChunk …), one block per (chunk, KV head, tile of query
 //   rows × the group's query heads), so K/V of a chunk are staged in shared memory once and
-//   serve every query head of the GQA group and every row of the tile. Each block writes, per
-//   (row, head, chunk), the chunk's max score, its sum of exp2 and the unnormalised output in
-//   f32 scratch; a second kernel merges the chunks of each (row, head) in chunk order.
+//   serve every query head of the GQA group and every row of the tile. Tiles are small (about
+//   8 queries: 2 rows × 4 heads for Qwen3-8B) so the grid has many blocks; other row tiles
+//   re-read the chunk from L2. Each block writes, per (row, head, chunk), the chunk's max score,
+//   its sum of exp2 and the unnormalised output in f32 scratch; the last block of a tile to
+//   finish (a per-stream arrival counter) merges the chunks of each of the tile's (row, head) in
+//   chunk order, so a call is one launch (a separate merge kernel when no counters are at hand).
 // - Larger T (prefill): one block of kWarps warps per (query row, head), below.
 //
 // Batch invariance: in the split path every number a row produces is a function of its query,
@@ -16,11 +19,14 @@
 // causal count) see the same chunks. Inside a chunk each dot product runs over d in order, the
 // max is exact, the sum of exp2 is one fixed butterfly, each output element sums its keys in
 // order; how rows and heads are tiled onto blocks and threads only decides who computes a
-// number, never how. The merge walks chunks 0, 1, … in order. Decode (T = 1) and verification
+// number, never how. The merge walks chunks 0, 1, … in order, the same code whichever block
+// or kernel runs it. Decode (T = 1) and verification
 // (T ≤ 32) therefore share one arithmetic, bit for bit.
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -192,6 +198,11 @@ struct SplitArgs {
   int64_t ldq, ldk, ldv;
   float2* part_ml;  // [T·hq·nc]: (max, sum of exp2) per (row, head, chunk)
   float* part_o;    // [T·hq·nc, D]: unnormalised output per (row, head, chunk)
+  __nv_bfloat16* out;
+  int64_t ldo;
+  // One arrival counter per tile (blockIdx.z · gridDim.y + blockIdx.y), zero at launch and left
+  // zero: the tile's last block to finish merges its chunks. Null: split_combine_kernel does.
+  unsigned* counters;
   int64_t kv_len, q_pos0, T;
   int hq, group, D, D8, nc;
   int rows_per_block, heads_per_block, head_tiles;
@@ -260,21 +271,11 @@ __device__ __forceinline__ void split_pv(const SplitArgs& a, const __nv_bfloat16
   }
 }
 
-// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-__global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, kvh = blockIdx.y;
-  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
-  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
-  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
-  const int h_in_group = head_tile * a.heads_per_block;
-  const int hg = min(a.heads_per_block, a.group - h_in_group);
-  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
-  const int64_t c0 = int64_t(c) * kChunk;
-  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
-  // past it (rows beyond kv_len among them) are never read.
-  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  if (n_load == 0) return;
+// The work of one split block on its chunk: scores, softmax and P·V of the tile's queries
+// against the chunk's keys, written to part_ml / part_o. n_load > 0 keys of the chunk are
+// visible to the tile's last row.
+__device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
+                                            int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, D8 = a.D8, Dp = split_row_stride(D8);
   const int nq = rows * hg, nq4 = (nq + 3) / 4 * 4;
   auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -378,29 +379,123 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
   else split_pv<4>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
 }
 
-// Merges the chunks of one (row, head) in chunk order: out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M).
-__global__ void split_combine_kernel(const float2* __restrict__ part_ml, const float* __restrict__ part_o,
-                                     __nv_bfloat16* __restrict__ out, int64_t ldo, int hq, int D, int nc,
-                                     int64_t kv_len, int64_t q_pos0, bool causal) {
-  const int64_t t = blockIdx.x / hq;
-  const int h = blockIdx.x % hq;
-  const int64_t visible = visible_keys(t, kv_len, q_pos0, causal);
-  const int n = static_cast<int>((visible + kChunk - 1) / kChunk);
-  const float2* ml = part_ml + (t * hq + h) * nc;
-  const float* po = part_o + (t * hq + h) * nc * int64_t(D);
+// Merges the chunks of one (row, head) into out[d0 … d0 + V − 1] in chunk order:
+// out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), each element on its own, so V (a float4
+// load for four elements when D % 4 == 0) changes nothing in the numbers. The one arithmetic
+// of the merge, whichever kernel runs it. The partials are read through L2 (__ldcg): in the
+// fused merge other blocks wrote them during this kernel.
+template <int V>
+__device__ __forceinline__ void merge_chunks(const float2* ml, const float* po, __nv_bfloat16* out, int D, int n,
+                                             int d0) {
   float M = -INFINITY;
-  for (int c = 0; c < n; ++c) M = fmaxf(M, ml[c].x);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float num = 0.f, den = 0.f;
+  for (int c = 0; c < n; ++c) M = fmaxf(M, __ldcg(&ml[c].x));
+  float num[V], den = 0.f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) num[e] = 0.f;
 #pragma unroll 4
-    for (int c = 0; c < n; ++c) {
-      const float2 x = ml[c];
-      const float w = exp2f(x.x - M);
-      num = fmaf(po[int64_t(c) * D + d], w, num);
-      den = fmaf(x.y, w, den);
+  for (int c = 0; c < n; ++c) {
+    const float2 x = __ldcg(&ml[c]);
+    const float w = exp2f(x.x - M);
+    const float* src = po + int64_t(c) * D + d0;
+    if constexpr (V == 4) {
+      const float4 o = __ldcg(reinterpret_cast<const float4*>(src));
+      num[0] = fmaf(o.x, w, num[0]);
+      num[1] = fmaf(o.y, w, num[1]);
+      num[2] = fmaf(o.z, w, num[2]);
+      num[3] = fmaf(o.w, w, num[3]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) num[e] = fmaf(__ldcg(src + e), w, num[e]);
     }
-    out[t * ldo + int64_t(h) * D + d] = __float2bfloat16_rn(n > 0 ? num / den : 0.f);
+    den = fmaf(x.y, w, den);
   }
+#pragma unroll
+  for (int e = 0; e < V; ++e) out[d0 + e] = __float2bfloat16_rn(n > 0 ? num[e] / den : 0.f);
+}
+
+// Merges (row, head) pairs i = i0, i0 + step, … < nq × D/V of a tile whose first pair is
+// (t0, h_base), hg heads per row: one V-element slice of one pair per item.
+template <int V>
+__device__ __forceinline__ void merge_tile(const SplitArgs& a, int64_t t0, int h_base, int hg, int nq, int i0,
+                                           int step) {
+  const int per = a.D / V;
+  for (int i = i0; i < nq * per; i += step) {
+    const int qv = i / per, d0 = (i % per) * V;
+    const int64_t t = t0 + qv / hg;
+    const int h = h_base + qv % hg;
+    const int64_t visible = visible_keys(t, a.kv_len, a.q_pos0, a.causal);
+    const int n = static_cast<int>((visible + kChunk - 1) / kChunk);
+    merge_chunks<V>(a.part_ml + (t * a.hq + h) * a.nc, a.part_o + (t * a.hq + h) * a.nc * int64_t(a.D),
+                    a.out + t * a.ldo + int64_t(h) * a.D, a.D, n, d0);
+  }
+}
+
+// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
+// With counters, the last block of a tile to finish merges the tile's (row, head) outputs
+// (the threadFenceReduction pattern), which saves the merge kernel's launch.
+__global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
+  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
+  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
+  const int h_in_group = head_tile * a.heads_per_block;
+  const int hg = min(a.heads_per_block, a.group - h_in_group);
+  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
+  const int64_t c0 = int64_t(c) * kChunk;
+  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
+  // past it (rows beyond kv_len among them) are never read.
+  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
+  if (n_load > 0) split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+  if (!a.counters) return;
+
+  // Every block of the tile arrives (those past its keys too), after its partials are visible.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* counter = a.counters + (blockIdx.z * gridDim.y + blockIdx.y);
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    if (last) *counter = 0;  // every block has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (a.D % 4 == 0) merge_tile<4>(a, t0, h_base, hg, rows * hg, threadIdx.x, kSplitThreads);
+  else merge_tile<1>(a, t0, h_base, hg, rows * hg, threadIdx.x, kSplitThreads);
+}
+
+// The merge as its own kernel, one block per row (all heads of it), when no counters are at hand.
+__global__ void split_combine_kernel(const SplitArgs a) {
+  if (a.D % 4 == 0) merge_tile<4>(a, blockIdx.x, 0, a.hq, a.hq, threadIdx.x, blockDim.x);
+  else merge_tile<1>(a, blockIdx.x, 0, a.hq, a.hq, threadIdx.x, blockDim.x);
+}
+
+// Split tiles hold about this many queries (rows × heads); see attention().
+constexpr int kSplitTileQueries = 8;
+constexpr int64_t kSplitManyBlocks = 2048;
+
+// The fused merge's arrival counters, one array per stream: kernels of one stream run one after
+// another, and each leaves its counters at zero for the next. Zeroed once, on the stream, at
+// first use; kept for the life of the process (32 KiB a stream). Null when a launch needs more
+// tiles than that (or the allocation failed): the merge then runs as its own kernel.
+constexpr int64_t kCounterSlots = 8192;
+unsigned* split_counters(cudaStream_t s, int64_t tiles) {
+  if (tiles > kCounterSlots) return nullptr;
+  static std::mutex mu;
+  static std::unordered_map<cudaStream_t, unsigned*> by_stream;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = by_stream.try_emplace(s, nullptr);
+  if (fresh) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, kCounterSlots * sizeof(unsigned)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    check(cudaMemsetAsync(p, 0, kCounterSlots * sizeof(unsigned), s), "attention", "zeroing the merge counters");
+    it->second = static_cast<unsigned*>(p);
+  }
+  return it->second;
 }
 
 int64_t split_chunks(int64_t kv_len) { return (kv_len + kChunk - 1) / kChunk; }
@@ -437,37 +532,48 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     if (!scratch && attention_scratch_bytes(T, hq, head_dim, kv_len) > 0)
       throw Error("cuda attention: the split path needs scratch (attention_scratch_bytes)");
     const int64_t nc = split_chunks(kv_len);
-    auto* part_ml = static_cast<float2*>(scratch);
-    auto* part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + split_ml_bytes(T, hq, nc));
+    if (nc > INT32_MAX) throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " too long");
+    SplitArgs a{};
+    a.q = qp;
+    a.k = kp;
+    a.v = vp;
+    a.ldq = ldq;
+    a.ldk = ldk;
+    a.ldv = ldv;
+    a.part_ml = static_cast<float2*>(scratch);
+    a.part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + split_ml_bytes(T, hq, nc));
+    a.out = op;
+    a.ldo = ldo;
+    a.kv_len = kv_len;
+    a.q_pos0 = q_pos0;
+    a.T = T;
+    a.hq = static_cast<int>(hq);
+    a.group = group;
+    a.D = D;
+    a.D8 = round_up8(D);
+    a.nc = static_cast<int>(nc);
+    a.scale_log2 = scale_log2;
+    a.causal = causal;
+    a.vec = vec;
     if (nc > 0) {
-      if (nc > INT32_MAX) throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " too long");
-      SplitArgs a{};
-      a.q = qp;
-      a.k = kp;
-      a.v = vp;
-      a.ldq = ldq;
-      a.ldk = ldk;
-      a.ldv = ldv;
-      a.part_ml = part_ml;
-      a.part_o = part_o;
-      a.kv_len = kv_len;
-      a.q_pos0 = q_pos0;
-      a.T = T;
-      a.hq = static_cast<int>(hq);
-      a.group = group;
-      a.D = D;
-      a.D8 = round_up8(D);
-      a.nc = static_cast<int>(nc);
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
-      // comment), so it may follow T freely: all heads of a group, then as many rows as fit.
+      // comment), so it may follow the shape freely. All heads of a group share a block (they
+      // share its K/V), then rows: few per block, since a block's queries are served one after
+      // another by its 128 threads (64 queries made a verification block's 80 blocks run for
+      // ~60 µs); the other row tiles re-read the chunk from L2. Only when that makes more than
+      // kSplitManyBlocks blocks (long contexts) do the tiles grow again, to save those re-reads.
       const int max_q = split_max_queries(a.D8);
       a.heads_per_block = std::min(group, max_q);
       a.head_tiles = (group + a.heads_per_block - 1) / a.heads_per_block;
-      a.rows_per_block = static_cast<int>(std::min<int64_t>(T, std::max(1, max_q / a.heads_per_block)));
-      const int64_t row_tiles = (T + a.rows_per_block - 1) / a.rows_per_block;
-      a.scale_log2 = scale_log2;
-      a.causal = causal;
-      a.vec = vec;
+      const int64_t max_rows = std::min<int64_t>(T, std::max(1, max_q / a.heads_per_block));
+      int64_t rows = std::min<int64_t>(max_rows, std::max(1, kSplitTileQueries / a.heads_per_block));
+      const int64_t per_row_tile = nc * hkv * a.head_tiles;
+      while (rows < max_rows && per_row_tile * ((T + rows - 1) / rows) > kSplitManyBlocks)
+        rows = std::min(max_rows, rows * 2);
+      a.rows_per_block = static_cast<int>(rows);
+      const int64_t row_tiles = (T + rows - 1) / rows;
+      const int64_t tiles = row_tiles * a.head_tiles * hkv;
+      a.counters = split_counters(s, tiles);
       const int nq4 = (a.rows_per_block * a.heads_per_block + 3) / 4 * 4;
       const size_t smem = split_smem_bytes(a.D8, nq4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
@@ -479,10 +585,9 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                       static_cast<unsigned>(row_tiles * a.head_tiles));
       split_kernel<<<grid, kSplitThreads, smem, s>>>(a);
       check_launch("attention");
+      if (a.counters) return;  // the kernel merged the chunks itself
     }
-    const int threads = std::min(256, (D + 31) / 32 * 32);
-    split_combine_kernel<<<static_cast<unsigned>(T * hq), threads, 0, s>>>(
-        part_ml, part_o, op, ldo, static_cast<int>(hq), D, static_cast<int>(nc), kv_len, q_pos0, causal);
+    split_combine_kernel<<<static_cast<unsigned>(T), 256, 0, s>>>(a);
     check_launch("attention");
     return;
   }

@@ -445,8 +445,9 @@ class CudaBackend final : public Backend {
     std::vector<int32_t> out(size_t(x.rows));
     if (x.rows == 0) return out;
     auto dev = pool_->allocate(out.size() * sizeof(int32_t), "argmax_rows");
+    auto part = pool_->allocate(cuda::argmax_scratch_bytes(x.rows, x.cols), "argmax_rows");
     OpTimer timer(prof_.get(), "argmax", [&] { return dims(x.rows, x.cols); });
-    cuda::argmax_rows(x.ptr<float>(), x.ld, x.rows, x.cols, static_cast<int32_t*>(dev.get()), stream_);
+    cuda::argmax_rows(x.ptr<float>(), x.ld, x.rows, x.cols, static_cast<int32_t*>(dev.get()), part.get(), stream_);
     check(cudaMemcpyAsync(out.data(), dev.get(), out.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
           "argmax_rows", "device to host copy");
     timer.stop();

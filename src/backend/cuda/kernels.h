@@ -52,7 +52,8 @@ void rope(void* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim, c
 // blocks) take the split-KV path, whose result for a row depends only on the row's query, its
 // visible key count and the keys — never on T or kv_len beyond that — so a row verified in a
 // block equals the same row decoded alone, bit for bit. That path needs `scratch` of
-// attention_scratch_bytes() (f32 partial results; 0 means none, and null is then fine). Larger T
+// attention_scratch_bytes() (f32 partial results; 0 means none, and null is then fine); its chunks
+// are merged inside the same launch (per-stream arrival counters) when possible. Larger T
 // (prefill) takes a one-block-per-(row, head) kernel.
 constexpr int64_t kAttentionSplitMaxRows = 32;
 size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len);
@@ -69,8 +70,11 @@ void copy_convert(const void* src, int64_t lds, Elem src_elem, void* dst, int64_
                   int64_t cols, cudaStream_t s);
 void add(const void* x, int64_t ldx, Elem x_elem, void* y, int64_t ldy, Elem y_elem, int64_t rows, int64_t cols,
          cudaStream_t s);
-// out[r] = the first index of the largest value of f32 row r.
-void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s);
+// out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of
+// only -inf / NaN). Needs `scratch` of argmax_scratch_bytes() for the per-slice partial results.
+size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
+void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, void* scratch,
+                 cudaStream_t s);
 // Backend::qk_norm_rope_store on bf16 q [rows, hq·D] (in place; hq may be 0), k and v
 // [rows, hkv·D] into k_dst and v_dst; f32 norm weights [D]; positions as in rope().
 void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t ldk, const void* v, int64_t ldv,
