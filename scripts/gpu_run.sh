@@ -104,6 +104,14 @@ if has doctor; then
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 
+if has tune; then
+  step "skinny matmul K-split target (DFLASH_SKINNY_TARGET_WARPS) against doctor's matmul rows"
+  for tw in 512 1024 2048 4096 8192; do
+    echo "--- DFLASH_SKINNY_TARGET_WARPS=$tw"
+    DFLASH_SKINNY_TARGET_WARPS=$tw timeout 120 "$BUILD/dflash" doctor --require-gpu 2>&1 | grep -E "^matmul +x\[(1|16)," 
+  done
+fi
+
 if has pycode; then
   step "shipped pair (models/qwen3-pycode-15m + dflash), held-out prompts, CUDA"
   if [[ -f models/qwen3-pycode-15m/config.json ]]; then
