@@ -117,15 +117,16 @@ class CudaQwen3Golden : public ::testing::TestWithParam<std::string> {};
 
 // The same feeding as the CPU golden test (prefill the prompt with all rows, then one token
 // at a time through the KV cache), against transformers in f32 on the same weights.
-// The yardstick is transformers' own bf16 compute: on the two bf16 goldens it lands 9.9e-3
-// from its f32 reference (golden.json, `logits` vs `logits_f32ref`). This backend measured
-// 6.8e-3 and 7.5e-3 there (H200, 2026-11-29), and 8e-3…1.27e-2 on the f32 checkpoints, whose
-// weights it rounds to bf16 (the smallest model, hidden 32, is the 1.27e-2). The bound is
-// 1.5 times transformers' bf16 drift.
-constexpr double kTargetBound = 1.5e-2;
-// The drafter reads bf16 features of a bf16 target: two models' drift (measured 1.4e-2 …
-// 2.25e-2).
-constexpr double kDrafterBound = 3e-2;
+// The bound is 1e-2. The yardstick is transformers' own bf16 compute on the same
+// goldens (tools/bf16_reference_error.py, 2026-11-29): 9.9e-3 … 1.48e-2 for the targets and
+// 2.2e-2 … 3.1e-2 for the drafters. With the residual stream kept in f32 this backend measured
+// 5.9e-3 … 8.4e-3 on every target but the vocabulary-16 one (1.12e-2; transformers' bf16:
+// 1.48e-2), and 1.27e-2 … 2.09e-2 on the drafters (H200, 2026-11-29): below bf16 transformers
+// on every model. The vocabulary-16 target gets transformers' bf16 figure as its bound.
+constexpr double kTargetBound = 1e-2;
+constexpr double kVocab16TargetBound = 1.5e-2;
+// The drafter reads bf16 features of a bf16 target: two models' drift.
+constexpr double kDrafterBound = 2.5e-2;
 TEST_P(CudaQwen3Golden, LogitsMatchF32Reference) {
   REQUIRE_GPU(backend);
   auto j = read_json_file(tiny(GetParam()) + "/golden.json");
@@ -145,7 +146,8 @@ TEST_P(CudaQwen3Golden, LogitsMatchF32Reference) {
   for (size_t i = n_prompt; i < input.size(); ++i) take(model->forward(st, {input[i]}, false));
   ASSERT_EQ(got.size(), want.size());
   const double l2 = relative_l2(got, want);
-  EXPECT_LE(l2, kTargetBound) << GetParam();
+  EXPECT_LE(l2, std::string(GetParam()).find("vocab16") != std::string::npos ? kVocab16TargetBound : kTargetBound)
+      << GetParam();
   RecordProperty("relative_l2_vs_f32ref", std::to_string(l2));
   std::printf("[ cuda     ] %s: logits relative L2 vs f32 reference %.2e\n", GetParam().c_str(), l2);
 }
