@@ -24,6 +24,9 @@ void probe(BlockController& c) {
     ASSERT_EQ(c.next(), 1);
     c.record(1, 1, i == 0 ? 5e-3 : 1e-3);  // the cold first step is not the measure
   }
+  // Nor is the first speculative step: here 50 plain steps' worth.
+  const int b = c.next();
+  if (b > 1) c.record(b, 1, 50e-3, 1e-3);
 }
 
 TEST(BlockController, KeepsAFullBlockThatPays) {
@@ -68,6 +71,14 @@ TEST(BlockController, LaterRequestsStartFromWhatEarlierOnesMeasured) {
   BlockController second(16, true, &history);
   EXPECT_TRUE(second.drafting_over());  // no probes, no wasted window
   EXPECT_EQ(second.next(), 1);
+}
+
+TEST(BlockController, KeepsTheBlockAfterASlowFirstStepAndNoisyWindows) {
+  BlockController c(16, true);
+  probe(c);  // includes a first speculative step 50x a plain one
+  for (int w = 0; w < 6; ++w) run_window(c, 16, 0.2e-3, 0.02e-3 * (1 + w % 2));
+  EXPECT_EQ(c.next(), 16);
+  EXPECT_FALSE(c.drafting_over());
 }
 
 TEST(BlockController, FixedWhenNotAdaptive) {

@@ -58,6 +58,10 @@ void BlockController::record(int block, int committed_tokens, double seconds, do
     if (i < committed_tokens) ++accepted_[i];
   }
   if (!adaptive_ || plain_seconds_ <= 0) return;
+  if (!cold_step_seen_) {
+    cold_step_seen_ = true;
+    return;
+  }
   ++window_steps_;
   window_seconds_ += seconds;
   window_draft_seconds_ += draft_seconds;
@@ -85,9 +89,12 @@ double BlockController::expected_tokens(int b) const {
 }
 
 void BlockController::decide(double step, double draft) {
-  // Verifying b rows ≈ one plain step + (b − 1) × per-row cost, fitted to this window.
+  // Verifying b rows ≈ one plain step + (b − 1) × per-row cost, fitted to this window. Below
+  // 4 rows the difference divided by b − 1 is mostly noise (one row on a GPU costs next to
+  // nothing), so a fit from a longer block is kept.
   fitted_draft_ = draft;
-  fitted_per_row_ = std::max(0.0, (step - draft - plain_seconds_) / (block_ - 1));
+  if (block_ >= 4 || fitted_per_row_ < 0)
+    fitted_per_row_ = std::max(0.0, (step - draft - plain_seconds_) / (block_ - 1));
   char why[128];
   std::snprintf(why, sizeof why, "block %d: %.2f ms/step (%.2f drafting), plain %.2f ms/token", block_, 1e3 * step,
                 1e3 * draft, 1e3 * plain_seconds_);
