@@ -84,6 +84,63 @@ inline __m512 exp_avx512(__m512 x) {
 }
 #endif
 
+// row[j] ← exp(row[j] − max) over the first n entries; returns 1 / Σ (0 when n is 0).
+inline float softmax_numerators(float* row, int64_t n) {
+  if (n <= 0) return 0.f;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+  float sum = 0.f;
+  int64_t j = 0;
+#ifdef __AVX512F__
+  __m512 acc = _mm512_setzero_ps();
+  const __m512 mv = _mm512_set1_ps(mx);
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv));
+    _mm512_storeu_ps(row + j, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  sum = _mm512_reduce_add_ps(acc);
+#endif
+  for (; j < n; ++j) {
+    row[j] = std::exp(row[j] - mx);
+    sum += row[j];
+  }
+  return 1.0f / sum;
+}
+
+// Σ_d a[d]·b[d] in 16-lane chunks, then one fixed reduction.
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float sum = 0.f;
+#ifdef __AVX512F__
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+    i = n;
+  }
+  sum = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < n; ++i) sum = std::fma(a[i], b[i], sum);
+  return sum;
+}
+
+// y += p · x.
+inline void axpy(float p, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+#ifdef __AVX512F__
+  const __m512 pv = _mm512_set1_ps(p);
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(pv, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    i = n;
+  }
+#endif
+  for (; i < n; ++i) y[i] = std::fma(p, x[i], y[i]);
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
@@ -186,55 +243,51 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // Per query head: scores = q_h · k_hᵀ and out_h = softmax(scores) · v_h as two BLAS products
-  // over strided views (rows of one head are ld apart), heads spread over threads.
+  // Per (query head, tile of up to four rows): each key and value row is loaded once for the
+  // tile, scores are dot products over d, then a softmax and P·V summed over keys in order.
+  // Every sum a row makes runs in an order fixed by the row alone (its query, its visible key
+  // count), so a row verified in a block is bit-identical to the same row decoded alone, as in
+  // the matrix products. (Per-head BLAS calls did not promise that, and their packing cost a
+  // quarter of a verification step at these sizes.)
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0,
                  int64_t head_dim, AttentionMask mask, Tensor& out) override {
     check_f32(q, "attention");
-    const int64_t hq = q.cols / head_dim, hkv = k.cols / head_dim, group = hq / hkv;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    const int64_t T = q.rows;
-    const float neg_inf = -std::numeric_limits<float>::infinity();
-    const bool parallel = T * hq * kv_len * head_dim > (1 << 16);
-#pragma omp parallel if (parallel)
-    {
-      std::vector<float> scores(size_t(T * kv_len));
-#pragma omp for schedule(static)
-      for (int64_t h = 0; h < hq; ++h) {
-        const int64_t kvh = h / group;
-        const float* qh = q.ptr<float>() + h * head_dim;
-        const float* kh = k.ptr<float>() + kvh * head_dim;
-        const float* vh = v.ptr<float>() + kvh * head_dim;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, kv_len, head_dim, scale, qh, q.ld, kh, k.ld, 0.0f,
-                    scores.data(), kv_len);
-        for (int64_t t = 0; t < T; ++t) {
-          float* row = scores.data() + t * kv_len;
-          const int64_t visible = mask == AttentionMask::Causal ? std::min(kv_len, q_pos0 + t + 1) : kv_len;
-          float mx = neg_inf;
-          for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, row[j]);
-          float sum = 0.f;
-          int64_t j = 0;
-#ifdef __AVX512F__
-          // Vector exp: scalar expf was a tenth of a long-context verification step.
-          __m512 acc = _mm512_setzero_ps();
-          const __m512 mv = _mm512_set1_ps(mx);
-          for (; j + 16 <= visible; j += 16) {
-            const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv));
-            _mm512_storeu_ps(row + j, e);
-            acc = _mm512_add_ps(acc, e);
-          }
-          sum = _mm512_reduce_add_ps(acc);
-#endif
-          for (; j < visible; ++j) {
-            row[j] = std::exp(row[j] - mx);
-            sum += row[j];
-          }
-          const float inv = 1.0f / sum;
-          for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
-          for (int64_t j = visible; j < kv_len; ++j) row[j] = 0.0f;
+    const int64_t D = head_dim, hq = q.cols / D, hkv = k.cols / D, group = hq / hkv, T = q.rows;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    constexpr int64_t kRowTile = 4;
+    const int64_t tiles = (T + kRowTile - 1) / kRowTile;
+    const bool parallel = T * hq * kv_len * D > (1 << 15);
+#pragma omp parallel for collapse(2) schedule(static) if (parallel)
+    for (int64_t h = 0; h < hq; ++h) {
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t t0 = tile * kRowTile, rows = std::min(kRowTile, T - t0), kvh = h / group;
+        thread_local std::vector<float> scores, acc;
+        scores.resize(size_t(kRowTile * std::max<int64_t>(kv_len, 1)));
+        acc.assign(size_t(kRowTile * D), 0.0f);
+        int64_t visible[kRowTile];
+        int64_t most = 0;
+        const float* qr[kRowTile];
+        for (int64_t r = 0; r < rows; ++r) {
+          visible[r] = mask == AttentionMask::Causal ? std::min(kv_len, q_pos0 + t0 + r + 1) : kv_len;
+          most = std::max(most, visible[r]);
+          qr[r] = q.ptr<float>() + (t0 + r) * q.ld + h * D;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, kv_len, 1.0f, scores.data(), kv_len, vh,
-                    v.ld, 0.0f, out.ptr<float>() + h * head_dim, out.ld);
+        for (int64_t j = 0; j < most; ++j) {
+          const float* kr = k.ptr<float>() + j * k.ld + kvh * D;
+          for (int64_t r = 0; r < rows; ++r)
+            if (j < visible[r]) scores[size_t(r * kv_len + j)] = dot(qr[r], kr, D) * scale;
+        }
+        float inv_sum[kRowTile];
+        for (int64_t r = 0; r < rows; ++r) inv_sum[r] = softmax_numerators(scores.data() + r * kv_len, visible[r]);
+        for (int64_t j = 0; j < most; ++j) {
+          const float* vr = v.ptr<float>() + j * v.ld + kvh * D;
+          for (int64_t r = 0; r < rows; ++r)
+            if (j < visible[r]) axpy(scores[size_t(r * kv_len + j)], vr, acc.data() + r * D, D);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          float* o = out.ptr<float>() + (t0 + r) * out.ld + h * D;
+          for (int64_t d = 0; d < D; ++d) o[d] = acc[size_t(r * D + d)] * inv_sum[r];
+        }
       }
     }
   }
