@@ -126,6 +126,21 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+#ifdef __AVX512F__
+// out[0 … 16·NV) += Σ_j p[j] · v[j·ldv …], the accumulators in registers (a chain through memory
+// cost a store-forwarding round trip per key).
+template <int NV>
+void weighted_sum_regs(const float* p, int64_t n, const float* v, int64_t ldv, float* out) {
+  __m512 a[NV];
+  for (int i = 0; i < NV; ++i) a[i] = _mm512_loadu_ps(out + 16 * i);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    for (int i = 0; i < NV; ++i) a[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + j * ldv + 16 * i), a[i]);
+  }
+  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, a[i]);
+}
+#endif
+
 // y += p · x.
 inline void axpy(float p, const float* x, float* y, int64_t n) {
   int64_t i = 0;
@@ -139,6 +154,21 @@ inline void axpy(float p, const float* x, float* y, int64_t n) {
   }
 #endif
   for (; i < n; ++i) y[i] = std::fma(p, x[i], y[i]);
+}
+
+// out[d] += Σ_j p[j] · v[j·ldv + d], summed over j in order for every d.
+inline void weighted_sum(const float* p, int64_t n, const float* v, int64_t ldv, int64_t D, float* out) {
+#ifdef __AVX512F__
+  switch (D) {
+    case 32: return weighted_sum_regs<2>(p, n, v, ldv, out);
+    case 64: return weighted_sum_regs<4>(p, n, v, ldv, out);
+    case 96: return weighted_sum_regs<6>(p, n, v, ldv, out);
+    case 128: return weighted_sum_regs<8>(p, n, v, ldv, out);
+    case 256: return weighted_sum_regs<16>(p, n, v, ldv, out);
+    default: break;
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) axpy(p[j], v + j * ldv, out, D);
 }
 
 class CpuBackend final : public Backend {
@@ -279,11 +309,8 @@ class CpuBackend final : public Backend {
         }
         float inv_sum[kRowTile];
         for (int64_t r = 0; r < rows; ++r) inv_sum[r] = softmax_numerators(scores.data() + r * kv_len, visible[r]);
-        for (int64_t j = 0; j < most; ++j) {
-          const float* vr = v.ptr<float>() + j * v.ld + kvh * D;
-          for (int64_t r = 0; r < rows; ++r)
-            if (j < visible[r]) axpy(scores[size_t(r * kv_len + j)], vr, acc.data() + r * D, D);
-        }
+        for (int64_t r = 0; r < rows; ++r)
+          weighted_sum(scores.data() + r * kv_len, visible[r], v.ptr<float>() + kvh * D, v.ld, D, acc.data() + r * D);
         for (int64_t r = 0; r < rows; ++r) {
           float* o = out.ptr<float>() + (t0 + r) * out.ld + h * D;
           for (int64_t d = 0; d < D; ++d) o[d] = acc[size_t(r * D + d)] * inv_sum[r];
