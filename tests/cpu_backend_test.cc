@@ -28,16 +28,19 @@ std::vector<float> fetch(Backend& b, const Tensor& t) {
 
 TEST(CpuBatchInvariance, PackedMatmulRowAloneEqualsRowInBlock) {
   auto b = make_cpu_backend();
-  for (auto [M, K, N] : {std::tuple{16, 384, 1152}, {32, 1152, 384}, {7, 100, 37}, {20, 64, 4160}}) {
-    std::vector<uint16_t> wbits(size_t(N) * K);
-    const auto wv = random_values(wbits.size(), 1, 0.05f);
+  for (auto [M, K, N, dtype] : {std::tuple{16, 384, 1152, DType::BF16}, {32, 1152, 384, DType::BF16},
+                                {7, 100, 37, DType::BF16}, {20, 64, 4160, DType::BF16}, {16, 96, 200, DType::F32},
+                                {32, 64, 33, DType::F32}}) {
+    const auto wv = random_values(size_t(N) * K, 1, 0.05f);
+    std::vector<uint16_t> wbits(wv.size());
     for (size_t i = 0; i < wv.size(); ++i) wbits[i] = f32_to_bf16(wv[i]);
     TensorInfo info;
     info.name = "w";
-    info.dtype = DType::BF16;
+    info.dtype = dtype;
     info.shape = {N, K};
-    info.data = reinterpret_cast<const uint8_t*>(wbits.data());
-    info.nbytes = wbits.size() * 2;
+    info.data = dtype == DType::BF16 ? reinterpret_cast<const uint8_t*>(wbits.data())
+                                     : reinterpret_cast<const uint8_t*>(wv.data());
+    info.nbytes = wv.size() * dtype_size(dtype);
     Tensor w = b->upload_weight({&info});
     ASSERT_TRUE(w.packed);
     const auto xv = random_values(size_t(M) * K, 2);
@@ -49,7 +52,7 @@ TEST(CpuBatchInvariance, PackedMatmulRowAloneEqualsRowInBlock) {
       b->matmul(xr, w, yr);
       const auto alone = fetch(*b, yr);
       ASSERT_EQ(0, std::memcmp(alone.data(), block.data() + size_t(m) * N, N * sizeof(float)))
-          << "row " << m << " of " << M << "x" << K << "x" << N;
+          << "row " << m << " of " << M << "x" << K << "x" << N << " " << dtype_name(dtype);
     }
   }
 }

@@ -18,17 +18,28 @@ constexpr int64_t kPrefetchAhead = 64;  // k steps: 2 KB ahead in a panel
 
 int64_t panel_count(int64_t rows) { return (rows + kPanelRows - 1) / kPanelRows; }
 
-const uint16_t* panel_base(const Tensor& w, int64_t panel) {
-  return w.ptr<uint16_t>() + panel * w.cols * kPanelRows;
+template <typename W>
+const W* panel_base(const Tensor& w, int64_t panel) {
+  return w.ptr<W>() + panel * w.cols * kPanelRows;
 }
+
+// 16 weights of one k, as f32 lanes: bf16 is widened (it is the top half of an f32).
+#ifdef __AVX512F__
+inline __m512 load_weights(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 load_weights(const float* p) { return _mm512_loadu_ps(p); }
+#endif
+inline float weight_f32(uint16_t v) { return bf16_to_f32(v); }
+inline float weight_f32(float v) { return v; }
 
 // MR rows of x, interleaved by k (xt[k·MR + m]), against P consecutive panels (16·P outputs
 // per row). Interleaving puts every x value a k step needs in one cache line at fixed offsets
 // from one pointer, so each FMA takes its broadcast operand straight from memory. Each
 // (m, panel) accumulator is a chain of FMAs over k; P panels side by side keep enough
 // independent chains in flight when MR is small.
-template <int MR, int P>
-void panel_tile(const float* xt, const uint16_t* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
+template <typename W, int MR, int P>
+void panel_tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
                 bool accumulate) {
 #ifdef __AVX512F__
   __m512 acc[P][MR];
@@ -40,8 +51,7 @@ void panel_tile(const float* xt, const uint16_t* wp, int64_t K, float* const* ys
       // The weights stream from memory: the hardware prefetcher alone keeps too few lines in
       // flight for one stream per thread (measured: loads were 60% of a verification step).
       _mm_prefetch(reinterpret_cast<const char*>(wp + (p * K + k + kPrefetchAhead) * kPanelRows), _MM_HINT_T0);
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + (p * K + k) * kPanelRows));
-      const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      const __m512 wv = load_weights(wp + (p * K + k) * kPanelRows);
       for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[m]), wv, acc[p][m]);
     }
   }
@@ -62,7 +72,7 @@ void panel_tile(const float* xt, const uint16_t* wp, int64_t K, float* const* ys
       if (n >= N) break;
       for (int m = 0; m < MR; ++m) {
         float s = 0.f;
-        for (int64_t k = 0; k < K; ++k) s = std::fma(xt[k * MR + m], bf16_to_f32(wp[(p * K + k) * kPanelRows + i]), s);
+        for (int64_t k = 0; k < K; ++k) s = std::fma(xt[k * MR + m], weight_f32(wp[(p * K + k) * kPanelRows + i]), s);
         ys[m][n] = accumulate ? ys[m][n] + s : s;
       }
     }
@@ -72,16 +82,18 @@ void panel_tile(const float* xt, const uint16_t* wp, int64_t K, float* const* ys
 // Panels per tile by rows: enough FMA chains to cover the FMA latency, few enough registers.
 constexpr int panels_for(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
 
-using TileFn = void (*)(const float*, const uint16_t*, int64_t, float* const*, int64_t, int64_t, bool);
+template <typename W>
+using TileFn = void (*)(const float*, const W*, int64_t, float* const*, int64_t, int64_t, bool);
 
-template <int... Rs>
+template <typename W, int... Rs>
 constexpr auto make_tile_table(std::integer_sequence<int, Rs...>) {
   struct Table {
-    TileFn wide[sizeof...(Rs)], single[sizeof...(Rs)];
+    TileFn<W> wide[sizeof...(Rs)], single[sizeof...(Rs)];
   };
-  return Table{{&panel_tile<Rs + 1, panels_for(Rs + 1)>...}, {&panel_tile<Rs + 1, 1>...}};
+  return Table{{&panel_tile<W, Rs + 1, panels_for(Rs + 1)>...}, {&panel_tile<W, Rs + 1, 1>...}};
 }
-constexpr auto kTiles = make_tile_table(std::make_integer_sequence<int, kPanelRows>{});
+template <typename W>
+constexpr auto kTiles = make_tile_table<W>(std::make_integer_sequence<int, kPanelRows>{});
 
 }  // namespace
 
@@ -110,8 +122,40 @@ void pack_bf16_panels(const std::vector<const TensorInfo*>& parts, int64_t cols,
   }
 }
 
+int64_t packed_f32_bytes(int64_t rows, int64_t cols) { return 2 * packed_bf16_bytes(rows, cols); }
+
+void pack_f32_panels(const std::vector<const TensorInfo*>& parts, int64_t cols, float* dst) {
+  std::vector<std::pair<const TensorInfo*, int64_t>> rows;  // (tensor, row in it)
+  for (const auto* p : parts) {
+    const int64_t r = p->shape.size() == 2 ? p->shape[0] : 1;
+    for (int64_t i = 0; i < r; ++i) rows.emplace_back(p, i);
+  }
+  const int64_t N = static_cast<int64_t>(rows.size()), panels = panel_count(N);
+#pragma omp parallel for schedule(static) if (N * cols > (1 << 20))
+  for (int64_t p = 0; p < panels; ++p) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    float* out = dst + p * cols * kPanelRows;
+    for (int64_t i = 0; i < kPanelRows; ++i) {
+      const int64_t n = p * kPanelRows + i;
+      if (n < N) {
+        const TensorInfo* t = rows[size_t(n)].first;
+        convert_to_f32(t->dtype, t->data + size_t(rows[size_t(n)].second * cols) * dtype_size(t->dtype), row.data(),
+                       size_t(cols));
+      } else {
+        std::fill(row.begin(), row.end(), 0.0f);
+      }
+      for (int64_t k = 0; k < cols; ++k) out[k * kPanelRows + i] = row[size_t(k)];
+    }
+  }
+}
+
 void packed_row_to_f32(const Tensor& w, int64_t n, float* dst) {
-  const uint16_t* base = panel_base(w, n / kPanelRows) + n % kPanelRows;
+  if (w.dtype == DType::F32) {
+    const float* base = panel_base<float>(w, n / kPanelRows) + n % kPanelRows;
+    for (int64_t k = 0; k < w.cols; ++k) dst[k] = base[k * kPanelRows];
+    return;
+  }
+  const uint16_t* base = panel_base<uint16_t>(w, n / kPanelRows) + n % kPanelRows;
   for (int64_t k = 0; k < w.cols; ++k) dst[k] = bf16_to_f32(base[k * kPanelRows]);
 }
 
@@ -119,6 +163,31 @@ void unpack_rows_to_f32(const Tensor& w, int64_t n0, int64_t count, float* dst) 
 #pragma omp parallel for schedule(static) if (count * w.cols > (1 << 16))
   for (int64_t r = 0; r < count; ++r) packed_row_to_f32(w, n0 + r, dst + r * w.cols);
 }
+
+namespace {
+
+template <typename W>
+void run_panels(const float* const* xt, const Tensor& w, float* const* ys, int64_t M, bool accumulate) {
+  const int64_t K = w.cols, N = w.rows, panels = panel_count(N);
+  // One tile width for all row chunks, so the parallel loop's unit is the same for each.
+  const int P = panels_for(static_cast<int>(std::min<int64_t>(M, kPanelRows)));
+  const int64_t groups = (panels + P - 1) / P;
+#pragma omp parallel for schedule(static) if (N * K > (1 << 16))
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t p0 = g * P, here = std::min<int64_t>(P, panels - p0);
+    for (int64_t m0 = 0, c = 0; m0 < M; m0 += kPanelRows, ++c) {
+      const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, M - m0));
+      if (here == panels_for(rows)) {
+        kTiles<W>.wide[rows - 1](xt[c], panel_base<W>(w, p0), K, ys + m0, p0 * kPanelRows, N, accumulate);
+      } else {
+        for (int64_t p = p0; p < p0 + here; ++p)
+          kTiles<W>.single[rows - 1](xt[c], panel_base<W>(w, p), K, ys + m0, p * kPanelRows, N, accumulate);
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void packed_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
   const int64_t M = x.rows, K = w.cols, N = w.rows;
@@ -143,23 +212,8 @@ void packed_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate)
       xt[c] = dst;
     }
   }
-  const int64_t panels = panel_count(N);
-  // One tile width for all row chunks, so the parallel loop's unit is the same for each.
-  const int P = panels_for(static_cast<int>(std::min<int64_t>(M, kPanelRows)));
-  const int64_t groups = (panels + P - 1) / P;
-#pragma omp parallel for schedule(static) if (N * K > (1 << 16))
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t p0 = g * P, here = std::min<int64_t>(P, panels - p0);
-    for (int64_t m0 = 0, c = 0; m0 < M; m0 += kPanelRows, ++c) {
-      const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, M - m0));
-      if (here == panels_for(rows)) {
-        kTiles.wide[rows - 1](xt[c], panel_base(w, p0), K, ys + m0, p0 * kPanelRows, N, accumulate);
-      } else {
-        for (int64_t p = p0; p < p0 + here; ++p)
-          kTiles.single[rows - 1](xt[c], panel_base(w, p), K, ys + m0, p * kPanelRows, N, accumulate);
-      }
-    }
-  }
+  if (w.dtype == DType::F32) run_panels<float>(xt, w, ys, M, accumulate);
+  else run_panels<uint16_t>(xt, w, ys, M, accumulate);
 }
 
 }  // namespace dflash

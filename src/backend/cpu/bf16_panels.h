@@ -24,13 +24,17 @@ int64_t packed_bf16_bytes(int64_t rows, int64_t cols);
 // Packs the bf16 checkpoint tensors `parts` (concatenated along rows, each [r_i, cols]) into
 // `dst` of packed_bf16_bytes(Σ r_i, cols).
 void pack_bf16_panels(const std::vector<const TensorInfo*>& parts, int64_t cols, uint16_t* dst);
-// Row n of a packed weight, widened to f32.
+// f32 weights (f32 or f16 checkpoints, widened) in the same panels: the same kernel and the same
+// per-row order, so f32 checkpoints are batch invariant too.
+int64_t packed_f32_bytes(int64_t rows, int64_t cols);
+void pack_f32_panels(const std::vector<const TensorInfo*>& parts, int64_t cols, float* dst);
+// Row n of a packed weight (bf16 or f32), as f32.
 void packed_row_to_f32(const Tensor& w, int64_t n, float* dst);
 
 // Up to this many rows of x go through packed_matmul (one pass over the weights); more rows
 // (prefill) widen bands of the weight and use BLAS.
 constexpr int kPackedMaxRows = 32;
-// y[m, n] (+)= Σ_k x[m, k] · w[n, k]; x and y f32, w packed bf16; x.rows ≤ kPackedMaxRows.
+// y[m, n] (+)= Σ_k x[m, k] · w[n, k]; x and y f32, w packed (bf16 or f32); x.rows ≤ kPackedMaxRows.
 void packed_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate);
 // Rows n0 … n0+count−1 of a packed weight widened to f32 row-major [count, K]; n0 is a
 // multiple of kPanelRows.

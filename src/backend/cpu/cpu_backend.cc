@@ -42,7 +42,7 @@ void check_f32(const Tensor& t, const char* op) {
 
 // Many rows (prefill): widen a band of the packed weight to f32 and let BLAS multiply it; the
 // widening is paid once per band for all rows of x.
-void banded_matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
+void banded_matmul_packed(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
   const int64_t K = w.cols;
   const int64_t band = std::max<int64_t>(64, (int64_t(1) << 22) / std::max<int64_t>(K, 1)) / kPanelRows * kPanelRows;
   std::vector<float> buf(size_t(std::min(band, w.rows) * K));
@@ -56,11 +56,11 @@ void banded_matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumu
 
 // Decode and verification rows stream the weight once through the packed kernel, which is
 // also what keeps a verified row bit-identical to the same row decoded alone.
-void matmul_bf16(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
+void matmul_packed(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
   if (x.rows <= kPackedMaxRows)
     packed_matmul(x, w, y, accumulate);
   else
-    banded_matmul_bf16(x, w, y, accumulate);
+    banded_matmul_packed(x, w, y, accumulate);
 }
 
 #ifdef __AVX512F__
@@ -182,12 +182,20 @@ class CpuBackend final : public Backend {
   }
 
   // 2-D bf16 weights stay bf16 (half the bytes to stream per token; widened inside the
-  // matrix kernel), packed in row panels; everything else is widened to f32 once here.
+  // matrix kernel), packed in row panels; other matrices become f32 panels, vectors f32.
   Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
     const FusedWeightShape shape = fused_weight_shape(parts);
     if (shape.all_bf16 && shape.all_matrices) {
       Tensor t = make_host_tensor(1, packed_bf16_bytes(shape.rows, shape.cols) / 2, DType::BF16);
       pack_bf16_panels(parts, shape.cols, t.ptr<uint16_t>());
+      t.rows = shape.rows;
+      t.cols = t.ld = shape.cols;
+      t.packed = true;
+      return t;
+    }
+    if (shape.all_matrices) {  // f32 and f16 matrices: f32 panels, the same kernel and order
+      Tensor t = make_host_tensor(1, packed_f32_bytes(shape.rows, shape.cols) / 4, DType::F32);
+      pack_f32_panels(parts, shape.cols, t.ptr<float>());
       t.rows = shape.rows;
       t.cols = t.ld = shape.cols;
       t.packed = true;
@@ -220,7 +228,7 @@ class CpuBackend final : public Backend {
     if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
       throw Error("cpu matmul: shapes " + x.describe() + " · " + w.describe() + "ᵀ → " + y.describe());
     if (w.packed) {
-      matmul_bf16(x, w, y, accumulate);
+      matmul_packed(x, w, y, accumulate);
       return;
     }
     check_f32(w, "matmul");
