@@ -185,17 +185,13 @@ class CpuBackend final : public Backend {
   // matrix kernel), packed in row panels; other matrices become f32 panels, vectors f32.
   Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
     const FusedWeightShape shape = fused_weight_shape(parts);
-    if (shape.all_bf16 && shape.all_matrices) {
-      Tensor t = make_host_tensor(1, packed_bf16_bytes(shape.rows, shape.cols) / 2, DType::BF16);
-      pack_bf16_panels(parts, shape.cols, t.ptr<uint16_t>());
-      t.rows = shape.rows;
-      t.cols = t.ld = shape.cols;
-      t.packed = true;
-      return t;
-    }
-    if (shape.all_matrices) {  // f32 and f16 matrices: f32 panels, the same kernel and order
-      Tensor t = make_host_tensor(1, packed_f32_bytes(shape.rows, shape.cols) / 4, DType::F32);
-      pack_f32_panels(parts, shape.cols, t.ptr<float>());
+    if (shape.all_matrices) {  // bf16 panels, or f32 panels for f32/f16: the same kernel and order
+      const bool bf16 = shape.all_bf16;
+      const int64_t bytes = bf16 ? packed_bf16_bytes(shape.rows, shape.cols) : packed_f32_bytes(shape.rows, shape.cols);
+      const DType dtype = bf16 ? DType::BF16 : DType::F32;
+      Tensor t = make_host_tensor(1, bytes / int64_t(dtype_size(dtype)), dtype);
+      if (bf16) pack_bf16_panels(parts, shape.cols, t.ptr<uint16_t>());
+      else pack_f32_panels(parts, shape.cols, t.ptr<float>());
       t.rows = shape.rows;
       t.cols = t.ld = shape.cols;
       t.packed = true;

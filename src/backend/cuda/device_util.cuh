@@ -25,6 +25,20 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+// One value per thread summed over the block: warp butterflies, then the warp totals in warp
+// order, so the order depends only on the block size. Ends past a barrier: every read the block
+// made before the call is complete (callers then overwrite their input in place). `partial`
+// is 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* partial) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int i = 0; i < warps; ++i) total += partial[i];
+  return total;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -31,7 +31,7 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
   __nv_bfloat16* out = is_q ? q + r * ldq + int64_t(h) * D : k_dst + r * ldkd + int64_t(h - hq) * D;
   const float* w = is_q ? q_norm : k_norm;
 
-  // The same reduction shape as rms_norm_kernel with group = D.
+  // The same block size and reduction as rms_norm_kernel with group = D.
   float ss = 0.f;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
     const float x = __bfloat162float(in[i]);
@@ -39,12 +39,7 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
   }
   __shared__ float partial[32];
   __shared__ float normed[512];
-  ss = warp_sum(ss);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
-  if (lane == 0) partial[warp] = ss;
-  __syncthreads();
-  float total = 0.f;
-  for (int i = 0; i < warps; ++i) total += partial[i];
+  const float total = block_sum(ss, partial);
   const float inv = rsqrtf(total / static_cast<float>(D) + eps);
   for (int i = threadIdx.x; i < D; i += blockDim.x)
     normed[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (__bfloat162float(in[i]) * inv)));

@@ -30,13 +30,7 @@ __global__ void rms_norm_kernel(const In* x, int64_t ldx, const W* w, Out* y, in
     ss += v * v;
   }
   __shared__ float partial[32];
-  ss = warp_sum(ss);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
-  if (lane == 0) partial[warp] = ss;
-  // Also orders every read of the row above before the writes below: y may alias x.
-  __syncthreads();
-  float total = 0.f;
-  for (int i = 0; i < warps; ++i) total += partial[i];
+  const float total = block_sum(ss, partial);  // its barrier also protects y aliasing x
   const float inv = rsqrtf(total / static_cast<float>(group) + eps);
   for (int64_t i = threadIdx.x; i < group; i += blockDim.x)
     out[i] = from_f32<Out>(to_f32(w[i]) * (to_f32(in[i]) * inv));
@@ -91,13 +85,7 @@ __global__ void __launch_bounds__(1024)
     }
   }
   __shared__ float partial[32];
-  ss = warp_sum(ss);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  if (lane == 0) partial[warp] = ss;
-  // Also orders every read of the row above before the writes below: y may alias x.
-  __syncthreads();
-  float total = 0.f;
-  for (int i = 0; i < warps; ++i) total += partial[i];
+  const float total = block_sum(ss, partial);  // its barrier also protects y aliasing x
   const float inv = rsqrtf(total / static_cast<float>(group) + eps);
   if constexpr (INV_ONLY) {
     if (threadIdx.x == 0) inv_out[r] = inv;

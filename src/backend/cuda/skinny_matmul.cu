@@ -344,6 +344,24 @@ const MmaSettings& mma_settings() {
 
 constexpr int kUnroll = 4;  // chunks loaded before the first is used: loads in flight per lane
 
+// The CUDA-core kernels' epilogue: each (row of x, row of w) partial is summed over the warp's
+// lanes by the fixed butterfly and lane 0 stores it (adding to y when accumulating).
+template <int MT, int R, typename Out>
+__device__ __forceinline__ void store_lane_sums(const float (&acc)[R][MT], int M, int N, int64_t n0, int lane, Out* y,
+                                                int64_t ldy, bool accumulate) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (m >= M || n0 + r >= N) continue;
+      const float sum = warp_sum(acc[r][m]);
+      if (lane == 0) {
+        Out* dst = y + m * ldy + n0 + r;
+        *dst = from_f32<Out>(accumulate ? to_f32(*dst) + sum : sum);
+      }
+    }
+}
+
 template <int MT, int R, typename Out>
 __global__ void __launch_bounds__(kWarps * 32)
     skinny_vec_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
@@ -395,17 +413,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     consume(wv, c);
   }
 
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      if (m >= M || n0 + r >= N) continue;
-      const float sum = warp_sum(acc[r][m]);
-      if (lane == 0) {
-        Out* dst = y + m * ldy + n0 + r;
-        *dst = from_f32<Out>(accumulate ? to_f32(*dst) + sum : sum);
-      }
-    }
+  store_lane_sums<MT, R>(acc, M, N, n0, lane, y, ldy, accumulate);
 }
 
 // Any K, any alignment (tiny models, odd views): one element per lane per step. Slow, rare.
@@ -495,17 +503,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   if (!active) return;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      if (m >= M || n0 + r >= N) continue;
-      const float sum = warp_sum(acc[r][m]);
-      if (lane == 0) {
-        Out* dst = y + m * ldy + n0 + r;
-        *dst = from_f32<Out>(accumulate ? to_f32(*dst) + sum : sum);
-      }
-    }
+  store_lane_sums<MT, R>(acc, M, N, n0, lane, y, ldy, accumulate);
 }
 
 template <int MT, typename Out>
