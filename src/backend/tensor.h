@@ -26,6 +26,8 @@ struct Tensor {
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return rows * cols; }
   bool contiguous() const { return ld == cols; }
+  // Bytes of the elements (rows × cols; a packed weight's panel padding not counted).
+  int64_t nbytes() const { return numel() * int64_t(dtype_size(dtype)); }
 
   template <typename T>
   T* ptr() const { return static_cast<T*>(data); }

@@ -198,12 +198,8 @@ std::unique_ptr<DFlashDrafter> DFlashDrafter::load(const std::string& dir, const
 }
 
 int64_t DFlashDrafter::weight_bytes_per_step() const {
-  auto bytes = [](const Tensor& t) { return t.numel() * int64_t(dtype_size(t.dtype)); };
-  int64_t total = bytes(fc_) + bytes(hidden_norm_) + bytes(final_norm_) + target_.lm_head_bytes();
-  for (const auto& l : layers_)
-    for (const Tensor* t : {&l.input_norm, &l.post_attention_norm, &l.qkv_proj, &l.kv_proj, &l.q_norm, &l.k_norm,
-                            &l.o_proj, &l.gate_up_proj, &l.down_proj})
-      total += bytes(*t);
+  int64_t total = fc_.nbytes() + hidden_norm_.nbytes() + final_norm_.nbytes() + target_.lm_head_bytes();
+  for (const auto& l : layers_) total += weight_bytes(l);
   return total;
 }
 

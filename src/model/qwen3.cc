@@ -32,6 +32,14 @@ DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3
   return w;
 }
 
+int64_t weight_bytes(const DecoderLayerWeights& w) {
+  int64_t total = 0;
+  for (const Tensor* t : {&w.input_norm, &w.post_attention_norm, &w.qkv_proj, &w.kv_proj, &w.q_norm, &w.k_norm,
+                          &w.o_proj, &w.gate_up_proj, &w.down_proj})
+    total += t->nbytes();
+  return total;
+}
+
 DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows) {
   const DType dt = b.activation_dtype();
   const int64_t D = c.head_dim;
@@ -114,16 +122,12 @@ SequenceState Qwen3Model::new_sequence(int64_t capacity) const {
 }
 
 int64_t Qwen3Model::weight_bytes_per_token() const {
-  auto bytes = [](const Tensor& t) { return t.numel() * int64_t(dtype_size(t.dtype)); };
-  int64_t total = bytes(lm_head_) + bytes(final_norm_);
-  for (const auto& l : layers_)
-    for (const Tensor* t : {&l.input_norm, &l.post_attention_norm, &l.qkv_proj, &l.q_norm, &l.k_norm,
-                            &l.o_proj, &l.gate_up_proj, &l.down_proj})
-      total += bytes(*t);
+  int64_t total = lm_head_.nbytes() + final_norm_.nbytes();
+  for (const auto& l : layers_) total += weight_bytes(l);
   return total;
 }
 
-int64_t Qwen3Model::lm_head_bytes() const { return lm_head_.numel() * int64_t(dtype_size(lm_head_.dtype)); }
+int64_t Qwen3Model::lm_head_bytes() const { return lm_head_.nbytes(); }
 
 void Qwen3Model::project_to_vocab(const Tensor& normed_hidden, Tensor& logits) const {
   backend_.matmul(normed_hidden, lm_head_, logits);

@@ -25,6 +25,9 @@ struct DecoderLayerWeights {
 class Checkpoint;
 
 // Loads one Qwen3-style decoder layer under `prefix` ("model.layers.3." or "layers.3.").
+// Bytes of every weight of a layer (kv_proj included when loaded): what one pass streams.
+int64_t weight_bytes(const DecoderLayerWeights& w);
+
 // `context_kv` also loads kv_proj for write_kv().
 DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& backend, const Qwen3Config& c,
                                        const std::string& prefix, bool context_kv = false);
