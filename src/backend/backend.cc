@@ -11,10 +11,10 @@ void Backend::norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, cons
   matmul(h, w, y, accumulate);
 }
 
-void Backend::swiglu_matmul(const Tensor& gate_up, const Tensor& w, Tensor& y, bool accumulate) {
-  Tensor act = alloc(gate_up.rows, gate_up.cols / 2, activation_dtype());
+void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& act) {
+  Tensor gate_up = alloc(x.rows, w_gate_up.rows, activation_dtype());
+  matmul(x, w_gate_up, gate_up);
   silu_mul(gate_up, act);
-  matmul(act, w, y, accumulate);
 }
 
 void Backend::qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,

@@ -58,8 +58,9 @@ class Backend {
   // y (+)= rms_norm(x; norm_w, eps) · wᵀ, the norm over each whole row of x.
   virtual void norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& y,
                            bool accumulate = false);
-  // y (+)= (silu(gate) ⊙ up) · wᵀ for gate_up [T, 2I] (gate then up).
-  virtual void swiglu_matmul(const Tensor& gate_up, const Tensor& w, Tensor& y, bool accumulate = false);
+  // act [T, I] = silu(x · w_gateᵀ) ⊙ (x · w_upᵀ) for w_gate_up [2I, K] (gate rows, then up
+  // rows), each product rounded to the activation dtype first: matmul, then silu_mul.
+  virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& act);
   // Per head of head_dim: q ← rope(rms_norm(q; q_norm)) in place (skipped when q is empty),
   // k_dst ← rope(rms_norm(k; k_norm)), v_dst ← v. Positions as in rope().
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,

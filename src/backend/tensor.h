@@ -22,6 +22,9 @@ struct Tensor {
   // A CPU bf16 weight stored in row panels (backend/cpu/bf16_panels.h): only ever used whole,
   // by the backend that made it.
   bool packed = false;
+  // Made by Backend::upload_weight, and never written after: the CUDA products start reading
+  // such a matrix before the kernel ahead of them has finished (backend/cuda/launch.cuh).
+  bool weight = false;
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return rows * cols; }

@@ -201,27 +201,26 @@ class Doctor {
     bitwise("norm_matmul=", sh + " fused", got, composed, "== rms_norm + matmul, bitwise");
   }
 
-  void swiglu_matmul(int64_t M, int64_t I, int64_t N, bool accumulate) {
+  // The gate/up product with the activation: act = silu(x·w_gateᵀ) ⊙ (x·w_upᵀ).
+  void matmul_silu_mul(int64_t M, int64_t K, int64_t I) {
     const DType dt = t_.activation_dtype();
-    auto [gt, gr] = activation(random(M * 2 * I, 4.0f), M, 2 * I);
-    auto [wt, wr] = weight(N, I, 1.0f / std::sqrt(float(I)));
-    const auto y0 = random(M * N);
-    Tensor yt = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
-    Tensor yc = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
-    Tensor yr = r_.upload(y0.data(), M, N);
-    t_.swiglu_matmul(gt, wt, yt, accumulate);
-    t_.Backend::swiglu_matmul(gt, wt, yc, accumulate);  // silu_mul, then matmul
-    r_.swiglu_matmul(gr, wr, yr, accumulate);
+    auto [xt, xr] = activation(random(M * K, 3.0f), M, K);
+    auto [wt, wr] = weight(2 * I, K, 1.0f / std::sqrt(float(K)));
+    Tensor yt = poisoned(M, I, dt), yc = poisoned(M, I, dt);
+    Tensor yr = r_.alloc(M, I, r_.activation_dtype());
+    t_.matmul_silu_mul(xt, wt, yt);
+    t_.Backend::matmul_silu_mul(xt, wt, yc);  // matmul, then silu_mul
+    r_.matmul_silu_mul(xr, wr, yr);
     const auto got = fetch(t_, yt), composed = fetch(t_, yc), want = fetch(r_, yr);
-    Tensor ys = t_.alloc(M, N, dt);
-    const double us = time_us([&] { t_.swiglu_matmul(gt, wt, ys, false); }, ys);
-    const double us_composed = time_us([&] { t_.Backend::swiglu_matmul(gt, wt, ys, false); }, ys);
-    const std::string sh = shape("gate_up", M, 2 * I) + " w" + dims(N, I) + (accumulate ? " +=" : "");
+    Tensor ys = t_.alloc(M, I, dt);
+    const double us = time_us([&] { t_.matmul_silu_mul(xt, wt, ys); }, ys);
+    const double us_composed = time_us([&] { t_.Backend::matmul_silu_mul(xt, wt, ys); }, ys);
+    const std::string sh = shape("x", M, K) + " w" + dims(2 * I, K);
     char note[96];
-    std::snprintf(note, sizeof note, "%.0f GB/s of weights; silu_mul + matmul %.1f us", double(N * I * 2) / (us * 1e3),
-                  us_composed);
-    report("swiglu_matmul", sh, got, want, tol_for(dt), us, note);
-    bitwise("swiglu_matmul=", sh + " fused", got, composed, "== silu_mul + matmul, bitwise");
+    std::snprintf(note, sizeof note, "%.0f GB/s of weights; matmul + silu_mul %.1f us",
+                  double(2 * I * K * 2) / (us * 1e3), us_composed);
+    report("matmul_silu_mul", sh, got, want, tol_for(dt), us, note);
+    bitwise("matmul_silu_mul=", sh + " paired", got, composed, "== matmul + silu_mul, bitwise");
   }
 
   // Each row alone through the fused step == the same row inside the M-row block, bitwise.
@@ -236,14 +235,14 @@ class Doctor {
                [&](int64_t m, Tensor& y1) { t_.norm_matmul(xt.slice_rows(m, 1), nt, 1e-6f, wt, y1); });
   }
 
-  void swiglu_matmul_batch_invariance(int64_t M, int64_t I, int64_t N) {
+  void matmul_silu_mul_batch_invariance(int64_t M, int64_t K, int64_t I) {
     const DType dt = t_.activation_dtype();
-    Tensor gt = to_test(random(M * 2 * I, 4.0f), M, 2 * I, dt);
-    auto [wt, wr] = weight(N, I, 1.0f / std::sqrt(float(I)));
-    Tensor yb = poisoned(M, N, dt);
-    t_.swiglu_matmul(gt, wt, yb);
-    rows_alone("swiglu_matmul=", shape("gate_up", M, 2 * I) + " w" + dims(N, I) + " row-alone", fetch(t_, yb), M, N,
-               [&](int64_t m, Tensor& y1) { t_.swiglu_matmul(gt.slice_rows(m, 1), wt, y1); });
+    Tensor xt = to_test(random(M * K, 3.0f), M, K, dt);
+    auto [wt, wr] = weight(2 * I, K, 1.0f / std::sqrt(float(K)));
+    Tensor yb = poisoned(M, I, dt);
+    t_.matmul_silu_mul(xt, wt, yb);
+    rows_alone("matmul_silu_mul=", shape("x", M, K) + " w" + dims(2 * I, K) + " row-alone", fetch(t_, yb), M, I,
+               [&](int64_t m, Tensor& y1) { t_.matmul_silu_mul(xt.slice_rows(m, 1), wt, y1); });
   }
 
   void rows_alone(const std::string& op, const std::string& sh, const std::vector<float>& block, int64_t M, int64_t N,
@@ -550,20 +549,20 @@ int run_doctor(const DoctorArgs& a) {
   d.matmul_batch_invariance(7, 64, 256, DType::F32);
 
   // Fused decoder steps at 8B shapes: input norm + q/k/v, post-attention norm + gate/up,
-  // SwiGLU + down (accumulating into the residual stream as the layer does; here bf16).
+  // gate/up + SwiGLU.
   for (int64_t M : {1, 16, 32}) {
     d.norm_matmul(M, 4096, 6144, false);
     if (!q || M == 1) d.norm_matmul(M, 4096, 24576, false);
-    d.swiglu_matmul(M, 12288, 4096, true);
+    d.matmul_silu_mul(M, 4096, 12288);
   }
   d.norm_matmul(3, 64, 96, true);     // small, odd
-  d.swiglu_matmul(5, 64, 40, false);
+  d.matmul_silu_mul(5, 64, 40);
   d.norm_matmul(40, 4096, 1024, false);  // prefill: the default composition
-  d.swiglu_matmul(40, 256, 512, false);
+  d.matmul_silu_mul(40, 512, 256);
   d.norm_matmul_batch_invariance(16, 4096, 6144);
   d.norm_matmul_batch_invariance(32, 4096, 2048);
-  d.swiglu_matmul_batch_invariance(16, 12288, 4096);
-  d.swiglu_matmul_batch_invariance(32, 12288, 1024);
+  d.matmul_silu_mul_batch_invariance(16, 4096, 12288);
+  d.matmul_silu_mul_batch_invariance(32, 1024, 4096);
 
   d.rms_norm(1, 4096, 4096, false);
   d.rms_norm(512, 4096, 4096, false);

@@ -47,7 +47,7 @@ DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t ro
   s.h = b.alloc(rows, c.hidden_size, dt);
   s.qkv = b.alloc(rows, (c.num_attention_heads + 2 * c.num_key_value_heads) * D, dt);
   s.attn = b.alloc(rows, c.num_attention_heads * D, dt);
-  s.gate_up = b.alloc(rows, 2 * int64_t(c.intermediate_size), dt);
+  s.act = b.alloc(rows, c.intermediate_size, dt);
   return s;
 }
 
@@ -79,9 +79,10 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
   b.attention(q, cache.k, cache.v, kv_len, q_pos[0], D, mask, attn);
   b.matmul(attn, w.o_proj, x, /*accumulate=*/true);
 
-  Tensor gate_up = s.gate_up.slice_rows(0, T);
-  b.norm_matmul(x, w.post_attention_norm, eps, w.gate_up_proj, gate_up);
-  b.swiglu_matmul(gate_up, w.down_proj, x, /*accumulate=*/true);
+  Tensor h = s.h.slice_rows(0, T), act = s.act.slice_rows(0, T);
+  b.rms_norm(x, w.post_attention_norm, eps, x.cols, h);
+  b.matmul_silu_mul(h, w.gate_up_proj, act);
+  b.matmul(act, w.down_proj, x, /*accumulate=*/true);
 }
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, Backend& b) {

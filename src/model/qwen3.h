@@ -81,7 +81,7 @@ class Qwen3Model {
 // these rows are written to `cache` rows kv_pos0 … and attention covers cache rows
 // 0 … kv_len − 1 with `mask`. Shared by the target (causal) and the drafter (block).
 struct DecoderScratch {
-  Tensor h, qkv, attn, gate_up;
+  Tensor h, qkv, attn, act;
 };
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
                                  const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,

@@ -195,6 +195,7 @@ class CpuBackend final : public Backend {
       t.rows = shape.rows;
       t.cols = t.ld = shape.cols;
       t.packed = true;
+      t.weight = true;
       return t;
     }
     Tensor t = make_host_tensor(shape.rows, shape.cols, DType::F32);
@@ -203,6 +204,7 @@ class CpuBackend final : public Backend {
       convert_to_f32(p->dtype, p->data, dst, p->numel());
       dst += p->numel();
     }
+    t.weight = true;
     return t;
   }
 

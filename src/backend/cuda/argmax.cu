@@ -12,6 +12,7 @@
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -53,6 +54,7 @@ __device__ __forceinline__ void block_best(float& v, int& i) {
 __global__ void __launch_bounds__(kThreads)
     argmax_slices_kernel(const float* __restrict__ x, int64_t ldx, int64_t cols, int64_t slice, bool vec,
                          float* __restrict__ part_v, int* __restrict__ part_i) {
+  grid_dependency_begin();
   const float* row = x + int64_t(blockIdx.y) * ldx;
   const int64_t c0 = int64_t(blockIdx.x) * slice, c1 = min(cols, c0 + slice);
   float v = -INFINITY;
@@ -82,6 +84,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     argmax_final_kernel(const float* __restrict__ part_v, const int* __restrict__ part_i, int slices,
                         int32_t* __restrict__ out) {
+  grid_dependency_begin();
   float v = -INFINITY;
   int i = kNone;
   for (int b = threadIdx.x; b < slices; b += blockDim.x)
@@ -110,12 +113,10 @@ void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
   auto* part_v = static_cast<float*>(scratch);
   auto* part_i = reinterpret_cast<int*>(part_v + int64_t(rows) * slices);
-  argmax_slices_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(rows)), kThreads, 0, s>>>(
-      x, ldx, cols, slice, vec, part_v, part_i);
-  check_launch("argmax_rows");
-  argmax_final_kernel<<<static_cast<unsigned>(rows), slices <= 32 ? 32 : slices <= 128 ? 128 : kThreads, 0, s>>>(
-      part_v, part_i, slices, out);
-  check_launch("argmax_rows");
+  launch_kernel("argmax_rows", argmax_slices_kernel, dim3(static_cast<unsigned>(slices), static_cast<unsigned>(rows)),
+                kThreads, 0, s, x, ldx, cols, slice, vec, part_v, part_i);
+  launch_kernel("argmax_rows", argmax_final_kernel, static_cast<unsigned>(rows),
+                slices <= 32 ? 32 : slices <= 128 ? 128 : kThreads, 0, s, part_v, part_i, slices, out);
 }
 
 }  // namespace dflash::cuda

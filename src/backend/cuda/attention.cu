@@ -5,7 +5,7 @@
 //   positions (chunk c holds keys c·kChunk …), one block per (chunk, KV head, tile of query
 //   rows × the group's query heads), so K/V of a chunk are staged in shared memory once and
 //   serve every query head of the GQA group and every row of the tile. Tiles are small (about
-//   8 queries: 2 rows × 4 heads for Qwen3-8B) so the grid has many blocks; other row tiles
+//   16 queries: 4 rows × 4 heads for Qwen3-8B) so the grid has many blocks; other row tiles
 //   re-read the chunk from L2. Each block writes, per (row, head, chunk), the chunk's max score,
 //   its sum of exp2 and the unnormalised output in f32 scratch; the last block of a tile to
 //   finish (a per-stream arrival counter) merges the chunks of each of the tile's (row, head) in
@@ -24,12 +24,14 @@
 // (T ≤ 32) therefore share one arithmetic, bit for bit.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -115,6 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ float qs[kMaxHeadDim];
   __shared__ float warp_m[kWarps], warp_l[kWarps];
   __shared__ float warp_acc[kWarps][kMaxHeadDim];
+  grid_dependency_begin();
   const int64_t t = blockIdx.x / hq;
   const int h = blockIdx.x % hq, kvh = h / group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -446,6 +449,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
   // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
   // past it (rows beyond kv_len among them) are never read.
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
+  grid_dependency_begin();
   if (n_load > 0) split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   if (!a.counters) return;
 
@@ -467,12 +471,13 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
 
 // The merge as its own kernel, one block per row (all heads of it), when no counters are at hand.
 __global__ void split_combine_kernel(const SplitArgs a) {
+  grid_dependency_begin();
   if (a.D % 4 == 0) merge_tile<4>(a, blockIdx.x, 0, a.hq, a.hq, threadIdx.x, blockDim.x);
   else merge_tile<1>(a, blockIdx.x, 0, a.hq, a.hq, threadIdx.x, blockDim.x);
 }
 
 // Split tiles hold about this many queries (rows × heads); see attention().
-constexpr int kSplitTileQueries = 8;
+constexpr int kSplitTileQueries = 16;
 constexpr int64_t kSplitManyBlocks = 2048;
 
 // The fused merge's arrival counters, one array per stream: kernels of one stream run one after
@@ -559,14 +564,19 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they
       // share its K/V), then rows: few per block, since a block's queries are served one after
-      // another by its 128 threads (64 queries made a verification block's 80 blocks run for
-      // ~60 µs); the other row tiles re-read the chunk from L2. Only when that makes more than
+      // another by its 128 threads (H200, 16-row verification at Qwen3-8B shapes, 2026-11-29:
+      // 16 queries a tile gave the fastest DFlash step; 4, 8 and 32 were 2-10 % slower, 64 32 %
+      // slower); the other row tiles re-read the chunk from L2. Only when that makes more than
       // kSplitManyBlocks blocks (long contexts) do the tiles grow again, to save those re-reads.
       const int max_q = split_max_queries(a.D8);
       a.heads_per_block = std::min(group, max_q);
       a.head_tiles = (group + a.heads_per_block - 1) / a.heads_per_block;
       const int64_t max_rows = std::min<int64_t>(T, std::max(1, max_q / a.heads_per_block));
-      int64_t rows = std::min<int64_t>(max_rows, std::max(1, kSplitTileQueries / a.heads_per_block));
+      static const int tile_queries = [] {
+        const char* e = std::getenv("DFLASH_ATTN_TILE_QUERIES");  // measuring only
+        return e && std::atoi(e) > 0 ? std::atoi(e) : kSplitTileQueries;
+      }();
+      int64_t rows = std::min<int64_t>(max_rows, std::max(1, tile_queries / a.heads_per_block));
       const int64_t per_row_tile = nc * hkv * a.head_tiles;
       while (rows < max_rows && per_row_tile * ((T + rows - 1) / rows) > kSplitManyBlocks)
         rows = std::min(max_rows, rows * 2);
@@ -583,25 +593,22 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      split_kernel<<<grid, kSplitThreads, smem, s>>>(a);
-      check_launch("attention");
+      launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
       if (a.counters) return;  // the kernel merged the chunks itself
     }
-    split_combine_kernel<<<static_cast<unsigned>(T), 256, 0, s>>>(a);
-    check_launch("attention");
+    launch_kernel("attention", split_combine_kernel, static_cast<unsigned>(T), 256, 0, s, a);
     return;
   }
 
   const unsigned blocks = static_cast<unsigned>(T * hq);
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, kWarps * 32, 0, s>>>(qp, ldq, kp, ldk, vp, ldv, op, ldo, static_cast<int>(hq), group, D, kv_len,
-                                          q_pos0, causal, scale_log2, vec);
+    launch_kernel("attention", kernel, blocks, kWarps * 32, 0, s, qp, ldq, kp, ldk, vp, ldv, op, ldo,
+                  static_cast<int>(hq), group, D, kv_len, q_pos0, causal, scale_log2, vec);
   };
   if (head_dim <= 32) launch(attention_kernel<1>);
   else if (head_dim <= 64) launch(attention_kernel<2>);
   else if (head_dim <= 128) launch(attention_kernel<4>);
   else launch(attention_kernel<8>);
-  check_launch("attention");
 }
 
 }  // namespace dflash::cuda

@@ -166,6 +166,7 @@ class CudaBackend final : public Backend {
             ("copying '" + part->name + "' to the device").c_str());
       dst += nb;
     }
+    t.weight = true;
     return t;
   }
 
@@ -207,7 +208,8 @@ class CudaBackend final : public Backend {
              (accumulate ? " +=" : "");
     });
     if (M <= kSkinnyMaxRows) {
-      skinny_matmul(x.data, x.ld, w.data, w.ld, y.data, y.ld, ye, int(M), int(N), int(K), accumulate, stream_);
+      skinny_matmul(x.data, x.ld, w.data, w.ld, y.data, y.ld, ye, int(M), int(N), int(K), accumulate, w.weight,
+                    stream_);
       return;
     }
     // Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ[N,M] = w·xᵀ with w read transposed.
@@ -219,10 +221,27 @@ class CudaBackend final : public Backend {
                "matmul", ("cublasGemmEx " + x.describe() + " · " + w.describe() + "ᵀ").c_str());
   }
 
-  // norm_matmul and swiglu_matmul for decode and verification rows: the skinny kernel applies
-  // the norm (from a per-row inv_rms pre-pass) or the activation while it loads x, and the
-  // standalone rms_norm / silu_mul pass over x and its launch disappear. The transformed x is
-  // bit for bit what those ops would store, and the product then follows the plain skinny
+  // Decode and verification rows: one launch computes the gate and up products of the same
+  // columns in one warp and stores silu(gate)·up (skinny_matmul.cu), the same bits as matmul +
+  // silu_mul, without the second launch and the gate_up round trip. Always on where it applies;
+  // prefill and other shapes take the default composition.
+  void matmul_silu_mul(const Tensor& x, const Tensor& w, Tensor& act) override {
+    const int64_t M = x.rows, N = w.rows, K = x.cols;
+    const bool paired = M <= kSkinnyMaxRows && x.device == DeviceKind::CUDA && x.dtype == DType::BF16 &&
+                        w.device == DeviceKind::CUDA && w.dtype == DType::BF16 && w.cols == K &&
+                        act.device == DeviceKind::CUDA && act.dtype == DType::BF16 && act.rows == M &&
+                        2 * act.cols == N && K <= INT32_MAX && N <= INT32_MAX &&
+                        skinny_silu_pair_supported(x.data, x.ld, w.data, w.ld, int(N), int(K));
+    if (!paired) return Backend::matmul_silu_mul(x, w, act);
+    if (M == 0 || N == 0) return;
+    OpTimer timer(prof_.get(), "matmul_silu_mul M<=32",
+                  [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
+    skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight, stream_);
+  }
+
+  // norm_matmul for decode and verification rows: the skinny kernel applies the norm (from a
+  // per-row inv_rms pre-pass) while it loads x, and the standalone rms_norm pass over x
+  // disappears. The normalised x is bit for bit what rms_norm would store, and the product then follows the plain skinny
   // kernel's order, so the fused result equals the default composition and is batch invariant
   // like it. Prefill (M > kSkinnyMaxRows), other dtypes, unaligned views and builds without
   // tensor cores take the default composition. DFLASH_CUDA_FUSE=0 forces it (to measure).
@@ -235,7 +254,7 @@ class CudaBackend final : public Backend {
                          w.cols == K && y.device == DeviceKind::CUDA && y.rows == M && y.cols == N &&
                          (y.dtype == DType::F32 || y.dtype == DType::BF16) && K <= INT32_MAX && N <= INT32_MAX &&
                          reinterpret_cast<uintptr_t>(norm_w.data) % 16 == 0 && rms_inv_supported(x.data, x.ld, K) &&
-                         skinny_fused_supported(SkinnyFusion::Norm, x.data, x.ld, w.data, w.ld, int(N), int(K));
+                         skinny_norm_supported(x.data, x.ld, w.data, w.ld, int(N), int(K));
     if (!fusable) return Backend::norm_matmul(x, norm_w, eps, w, y, accumulate);
     if (M == 0 || N == 0) return;
     auto inv = pool_->allocate(size_t(M) * sizeof(float), "norm_matmul");
@@ -243,33 +262,14 @@ class CudaBackend final : public Backend {
       return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + (accumulate ? " +=" : "");
     });
     cuda::rms_inv(x.ptr<float>(), x.ld, M, K, eps, static_cast<float*>(inv.get()), stream_);
-    skinny_matmul_fused(SkinnyFusion::Norm, x.data, x.ld, static_cast<const float*>(inv.get()), norm_w.ptr<float>(),
+    skinny_matmul_norm(x.data, x.ld, static_cast<const float*>(inv.get()), norm_w.ptr<float>(),
                         w.data, w.ld, y.data, y.ld, elem_of(y, "norm_matmul"), int(M), int(N), int(K), accumulate,
-                        stream_);
+                        w.weight, stream_);
   }
 
-  void swiglu_matmul(const Tensor& gate_up, const Tensor& w, Tensor& y, bool accumulate) override {
-    const int64_t M = gate_up.rows, N = w.rows, K = gate_up.cols / 2;
-    const bool fusable = fuse_enabled() && M <= kSkinnyMaxRows && gate_up.device == DeviceKind::CUDA &&
-                         gate_up.dtype == DType::BF16 && gate_up.cols == 2 * K && w.device == DeviceKind::CUDA &&
-                         w.dtype == DType::BF16 && w.cols == K && y.device == DeviceKind::CUDA && y.rows == M &&
-                         y.cols == N && (y.dtype == DType::F32 || y.dtype == DType::BF16) && K <= INT32_MAX &&
-                         N <= INT32_MAX &&
-                         skinny_fused_supported(SkinnyFusion::SwiGLU, gate_up.data, gate_up.ld, w.data, w.ld, int(N),
-                                                int(K));
-    if (!fusable) return Backend::swiglu_matmul(gate_up, w, y, accumulate);
-    if (M == 0 || N == 0) return;
-    OpTimer timer(prof_.get(), "swiglu_matmul M<=32", [&] {
-      return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + (accumulate ? " +=" : "");
-    });
-    skinny_matmul_fused(SkinnyFusion::SwiGLU, gate_up.data, gate_up.ld, nullptr, nullptr, w.data, w.ld, y.data, y.ld,
-                        elem_of(y, "swiglu_matmul"), int(M), int(N), int(K), accumulate, stream_);
-  }
-
-  // Opt-in (DFLASH_CUDA_FUSE=1): on the H200 the fused kernels measured slower than the two
-  // launches they replace (doctor, 2026-11-29: norm_matmul 1x4096x24576 77 us against 67 us
-  // composed; swiglu_matmul 1x12288x4096 58 us against 32 us), since every block repeats the
-  // transform. Read once per process; both paths give the same bits, so it cannot split a row
+  // Opt-in (DFLASH_CUDA_FUSE=1): on the H200 the fused kernel measured slower than the two
+  // launches it replaces (doctor, 2026-11-29: norm_matmul 1x4096x24576 77 us against 67 us
+  // composed), since every block repeats the transform. Read once per process; both paths give the same bits, so it cannot split a row
   // alone from the same row in a block.
   static bool fuse_enabled() {
     static const bool on = [] {

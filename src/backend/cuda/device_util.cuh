@@ -90,6 +90,23 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 #endif
 }
 
+// Programmatic dependent launch (sm_90; launch.cuh sets it up on the host). A kernel may be
+// started while the one before it in the stream is still running: everything before
+// grid_dependency_begin() must touch no memory that an earlier kernel writes (the first loads
+// of uploaded weights are the intended use), everything after it sees all earlier kernels'
+// results. Every kernel calls it in every block before it reads or writes anything
+// else and before it can exit: the wait covers only the kernel right before, so each kernel
+// must itself have waited for its own predecessor for the chain to hold. The trigger that
+// follows lets the next kernel be scheduled now that this one has nothing left to wait for;
+// it is placed after the wait so at most one kernel waits ahead. No-ops where the kernel was
+// launched without the attribute, and on pre-sm_90 targets.
+__device__ __forceinline__ void grid_dependency_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Dispatches a functor templated on the element type named by `e`.
 template <typename F>
 void dispatch_elem(Elem e, F&& f) {

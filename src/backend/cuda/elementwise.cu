@@ -2,6 +2,7 @@
 // conversion, residual add. One thread per element; all are a few percent of a step at most.
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/swiglu.cuh"
 
 namespace dflash::cuda {
@@ -11,6 +12,7 @@ constexpr int kThreads = 256;
 
 template <typename In, typename Out>
 __global__ void silu_mul_kernel(const In* gu, int64_t ld_gu, Out* out, int64_t ldo, int64_t rows, int64_t inter) {
+  grid_dependency_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * inter) return;
   const int64_t r = i / inter, c = i % inter;
@@ -21,6 +23,7 @@ __global__ void silu_mul_kernel(const In* gu, int64_t ld_gu, Out* out, int64_t l
 template <typename In, typename Out>
 __global__ void embed_kernel(const int32_t* ids, int64_t n, const In* table, int64_t ld_table, int64_t cols, Out* out,
                              int64_t ldo) {
+  grid_dependency_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * cols) return;
   const int64_t r = i / cols, c = i % cols;
@@ -29,6 +32,7 @@ __global__ void embed_kernel(const int32_t* ids, int64_t n, const In* table, int
 
 template <typename In, typename Out>
 __global__ void copy_kernel(const In* src, int64_t lds, Out* dst, int64_t ldd, int64_t rows, int64_t cols) {
+  grid_dependency_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   const int64_t r = i / cols, c = i % cols;
@@ -37,6 +41,7 @@ __global__ void copy_kernel(const In* src, int64_t lds, Out* dst, int64_t ldd, i
 
 template <typename In, typename Out>
 __global__ void add_kernel(const In* x, int64_t ldx, Out* y, int64_t ldy, int64_t rows, int64_t cols) {
+  grid_dependency_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   const int64_t r = i / cols, c = i % cols;
@@ -52,7 +57,7 @@ void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64
     dispatch_elem(out_elem, [&](auto o) {
       using In = decltype(in);
       using Out = decltype(o);
-      silu_mul_kernel<In, Out><<<blocks_for(rows * inter, kThreads), kThreads, 0, s>>>(
+      launch_kernel("silu_mul", silu_mul_kernel<In, Out>, blocks_for(rows * inter, kThreads), kThreads, 0, s,
           static_cast<const In*>(gate_up), ld_gu, static_cast<Out*>(out), ldo, rows, inter);
     });
   });
@@ -66,7 +71,7 @@ void embed(const int32_t* ids, int64_t n, const void* table, int64_t ld_table, E
     dispatch_elem(out_elem, [&](auto o) {
       using In = decltype(in);
       using Out = decltype(o);
-      embed_kernel<In, Out><<<blocks_for(n * cols, kThreads), kThreads, 0, s>>>(
+      launch_kernel("embed", embed_kernel<In, Out>, blocks_for(n * cols, kThreads), kThreads, 0, s,
           ids, n, static_cast<const In*>(table), ld_table, cols, static_cast<Out*>(out), ldo);
     });
   });
@@ -80,7 +85,7 @@ void copy_convert(const void* src, int64_t lds, Elem src_elem, void* dst, int64_
     dispatch_elem(dst_elem, [&](auto o) {
       using In = decltype(in);
       using Out = decltype(o);
-      copy_kernel<In, Out><<<blocks_for(rows * cols, kThreads), kThreads, 0, s>>>(
+      launch_kernel("copy", copy_kernel<In, Out>, blocks_for(rows * cols, kThreads), kThreads, 0, s,
           static_cast<const In*>(src), lds, static_cast<Out*>(dst), ldd, rows, cols);
     });
   });
@@ -94,7 +99,7 @@ void add(const void* x, int64_t ldx, Elem x_elem, void* y, int64_t ldy, Elem y_e
     dispatch_elem(y_elem, [&](auto o) {
       using In = decltype(in);
       using Out = decltype(o);
-      add_kernel<In, Out><<<blocks_for(rows * cols, kThreads), kThreads, 0, s>>>(
+      launch_kernel("add", add_kernel<In, Out>, blocks_for(rows * cols, kThreads), kThreads, 0, s,
           static_cast<const In*>(x), ldx, static_cast<Out*>(y), ldy, rows, cols);
     });
   });

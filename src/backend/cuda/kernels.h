@@ -15,23 +15,29 @@ namespace dflash::cuda {
 // Every output is reduced in the same order whatever M is, so a row computed alone (plain
 // decoding) and inside a block (speculative verification) is bit-identical: that is what
 // makes greedy speculative output equal plain output on this backend.
+// w_uploaded: w is a weight from upload_weight, which no kernel writes, so the kernel may start
+// reading it before the kernel ahead of it in the stream has finished (launch.cuh).
 constexpr int kSkinnyMaxRows = 32;
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem,
-                   int M, int N, int K, bool accumulate, cudaStream_t s);
+                   int M, int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s);
 
-// The skinny product with x transformed on its way in (decode and verification rows of a
-// decoder layer), so the standalone norm / activation pass disappears:
-//   Norm:   x f32 [M, K], y (+)= bf16(norm_w ⊙ x[m] · inv_rms[m]) · wᵀ (inv_rms from rms_inv);
-//   SwiGLU: x = [gate | up] bf16 [M, 2K], y (+)= bf16(silu(gate) ⊙ up) · wᵀ.
-// The transformed x equals, bit for bit, what rms_norm / silu_mul would store, and the product
-// then takes the plain skinny kernel's tiling and order: the fused result equals the unfused one
-// and is batch invariant like it. Only where skinny_fused_supported() (tensor cores, K % 32 == 0,
-// aligned rows; judged from pointers, strides, N and K, never M).
-enum class SkinnyFusion { Norm, SwiGLU };
-bool skinny_fused_supported(SkinnyFusion f, const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
-void skinny_matmul_fused(SkinnyFusion f, const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
+// The skinny product with the RMSNorm applied to x on its way in: x f32 [M, K],
+// y (+)= bf16(norm_w ⊙ x[m] · inv_rms[m]) · wᵀ (inv_rms from rms_inv). The normalised x equals,
+// bit for bit, what rms_norm would store, and the product then takes the plain skinny kernel's
+// tiling and order: the fused result equals the unfused one and is batch invariant like it.
+// Only where skinny_norm_supported() (tensor cores, K % 32 == 0, aligned rows; judged from
+// pointers, strides, N and K, never M).
+bool skinny_norm_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
+void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
                          const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M, int N, int K,
-                         bool accumulate, cudaStream_t s);
+                         bool accumulate, bool w_uploaded, cudaStream_t s);
+
+// y[m, n] = silu(g)·u with g = bf16(x[m]·w[n]ᵀ), u = bf16(x[m]·w[N/2 + n]ᵀ) for w = [gate; up]
+// [N, K] and bf16 y [M, N/2]: matmul then silu_mul in one launch, the same bits. Only where
+// skinny_silu_pair_supported() (judged from pointers, strides, N and K, never M).
+bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
+void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
+                            int N, int K, bool w_uploaded, cudaStream_t s);
 
 // Each `group` consecutive elements of a row: y = w ⊙ x / rms(x); in place allowed.
 void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_elem, void* y, int64_t ldy,

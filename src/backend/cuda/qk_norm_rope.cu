@@ -8,6 +8,7 @@
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -18,6 +19,7 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
                                           const int32_t* positions, int64_t pos0, const float* cos,
                                           const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
                                           __nv_bfloat16* v_dst, int64_t ldvd) {
+  grid_dependency_begin();
   const int heads = hq + 2 * hkv;
   const int64_t r = blockIdx.x / heads;
   const int h = blockIdx.x % heads;
@@ -65,7 +67,7 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
   const int64_t blocks = rows * (hq + 2 * hkv);
   if (blocks == 0) return;
   const int threads = static_cast<int>(std::min<int64_t>(256, (head_dim + 31) / 32 * 32));
-  qk_norm_rope_store_kernel<<<static_cast<unsigned>(blocks), threads, 0, s>>>(
+  launch_kernel("qk_norm_rope_store", qk_norm_rope_store_kernel, static_cast<unsigned>(blocks), threads, 0, s,
       static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
       static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
       static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,

@@ -3,12 +3,14 @@
 // kernel computes no trigonometry and matches the CPU bit for bit up to the bf16 rounding.
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace dflash::cuda {
 namespace {
 
 __global__ void rope_kernel(__nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim,
                             const int32_t* positions, int64_t pos0, const float* cos, const float* sin) {
+  grid_dependency_begin();
   const int64_t half = head_dim / 2;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * heads * half) return;
@@ -27,8 +29,8 @@ void rope(void* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim, c
           int64_t pos0, const float* cos, const float* sin, cudaStream_t s) {
   const int64_t n = rows * heads * (head_dim / 2);
   if (n == 0) return;
-  rope_kernel<<<blocks_for(n, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(x), ldx, rows, heads, head_dim,
-                                                   positions, pos0, cos, sin);
+  launch_kernel("rope", rope_kernel, blocks_for(n, 256), 256, 0, s, static_cast<__nv_bfloat16*>(x), ldx, rows, heads,
+                head_dim, positions, pos0, cos, sin);
   check_launch("rope");
 }
 

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/swiglu.cuh"
 
 namespace dflash::cuda {
@@ -50,14 +51,13 @@ constexpr int kWarps = 8;
 constexpr int kTargetWarps = 2048;   // ≈ 132 SMs × 16 warps: enough loads in flight for HBM3e
 constexpr int kMinSliceChunks = 8;   // a K slice of at least 256 elements per warp
 
-// What the kernel does to x on its way to the tensor cores (see skinny_matmul_fused in kernels.h).
+// What the kernel does to x on its way to the tensor cores (see skinny_matmul_norm in kernels.h).
 // Each yields, for a 16-byte unit of 8 elements, exactly the bf16 the standalone kernel would
 // have stored (rms_norm.cu, elementwise.cu), so a fused product equals the unfused one bit for
 // bit and inherits its batch invariance.
 enum XForm : int {
   kPlain = 0,   // x bf16 as is
   kNorm = 1,    // x f32; h = bf16(norm_w[k] · (x[k] · inv_rms[m]))
-  kSwiGLU = 2,  // x = [gate | up] bf16 of 2K columns; h = bf16(silu(gate[k]) · up[k])
 };
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -81,36 +81,35 @@ __device__ __forceinline__ uint4 load_x_unit(const void* __restrict__ x, int64_t
     for (int e = 0; e < 8; ++e) h[e] = __fmul_rn(ws[e], __fmul_rn(xs[e], r));
     return make_uint4(pack_bf16x2(h[0], h[1]), pack_bf16x2(h[2], h[3]), pack_bf16x2(h[4], h[5]),
                       pack_bf16x2(h[6], h[7]));
-  } else if constexpr (XF == kSwiGLU) {
-    const uint4* row = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + int64_t(m) * ldx);
-    float g[8], u[8], h[8];
-    unpack_bf16x8(__ldg(row + unit), g);
-    unpack_bf16x8(__ldg(row + K / 8 + unit), u);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) h[e] = silu_mul_f32(g[e], u[e]);
-    return make_uint4(pack_bf16x2(h[0], h[1]), pack_bf16x2(h[2], h[3]), pack_bf16x2(h[4], h[5]),
-                      pack_bf16x2(h[6], h[7]));
   } else {
     return __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + int64_t(m) * ldx) + unit);
   }
 }
 
-template <int MT, int NT, typename Out, int XF = kPlain>
+// PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
+// and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
+// 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
+// Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
+// S from the same weight shape), so this equals matmul + silu_mul bit for bit.
+template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const void* __restrict__ xv, int64_t ldx, const __nv_bfloat16* __restrict__ w, int64_t ldw,
                       Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const float* __restrict__ inv, const float* __restrict__ nw) {
+                      const float* __restrict__ inv, const float* __restrict__ nw, bool w_uploaded) {
   const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(xv);
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
-  constexpr int kRows = NT * 8;
+  static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
+  constexpr int kRows = NT * 8;                // rows of w per warp
+  constexpr int kCols = PAIR ? 8 : kRows;      // columns of y per warp
+  const int64_t NO = PAIR ? N / 2 : N;         // columns of y
   __shared__ float part[kWarps][MT * 16][kRows];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int G = kWarps / S;  // groups of rows of w per block; warp = slice · G + group
   const int group = warp % G, slice = warp / G;
-  const int64_t block_n0 = int64_t(blockIdx.x) * G * kRows;
-  const int64_t n0 = block_n0 + int64_t(group) * kRows;
+  const int64_t block_n0 = int64_t(blockIdx.x) * G * kCols;
+  const int64_t n0 = block_n0 + int64_t(group) * kCols;
   const int chunks = K / 32;
   const int c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
 
@@ -122,14 +121,34 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
-  if (n0 < N) {  // warp-uniform; an idle warp still takes part in the barrier below
-    // 16-byte units: chunk c of lane t is unit 4c + t of the row.
-    const uint4* wrow[NT];
+  // 16-byte units: chunk c of lane t is unit 4c + t of the row.
+  const uint4* wrow[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int64_t n = n0 + nt * 8 + g;
-      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+  for (int nt = 0; nt < NT; ++nt) {
+    int64_t n = n0 + nt * 8 + g;
+    if constexpr (PAIR) n = n0 + g < NO ? nt * NO + n0 + g : N - 1;
+    wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+  }
+  // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
+  // to keep the compiler from hoisting them); the mma's for those steps are skipped.
+  const int c_last = c_end - 1;
+  uint4 cur[U][NT], next[U][NT];
+  auto load = [&](uint4 (&dst)[U][NT], int c) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cu = c + u < c_last ? c + u : c_last;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
     }
+  };
+  // An uploaded weight is never written by a kernel, so its first batch may be in flight
+  // while the kernel before this one finishes (launch.cuh); anything else waits first.
+  const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
+  if (w_uploaded && active) load(cur, c_begin);
+  grid_dependency_begin();
+  if (!w_uploaded && active) load(cur, c_begin);
+
+  if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
     bool xin[MT][2];
 #pragma unroll
@@ -141,19 +160,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t;
       }
 
-    // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
-    // to keep the compiler from hoisting them); the mma's for those steps are skipped.
-    const int c_last = c_end - 1;
-    uint4 cur[U][NT], next[U][NT];
-    auto load = [&](uint4 (&dst)[U][NT], int c) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int cu = c + u < c_last ? c + u : c_last;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
-      }
-    };
-    if (c_begin < c_end) load(cur, c_begin);
     for (int c = c_begin; c < c_end; c += U) {
       if (c + U < c_end) load(next, c + U);
       if constexpr (XF != kPlain) {
@@ -232,26 +238,36 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
-  const int block_cols = G * kRows;
+  const int block_cols = G * kCols;
   for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
     const int m = i / block_cols, col = i % block_cols;
     const int64_t n = block_n0 + col;
-    if (n >= N) continue;
-    const int grp = col / kRows, r = col % kRows;
+    if (n >= NO) continue;
+    const int grp = col / kCols, r = col % kCols;
     float sum = part[grp][m][r];
     for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
     Out* dst = y + int64_t(m) * ldy + n;
-    *dst = from_f32<Out>(accumulate ? to_f32(*dst) + sum : sum);
+    if constexpr (PAIR) {
+      float up = part[grp][m][8 + r];
+      for (int s = 1; s < S; ++s) up += part[s * G + grp][m][8 + r];
+      *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
+                                        __bfloat162float(__float2bfloat16_rn(up))));
+    } else {
+      *dst = from_f32<Out>(accumulate ? to_f32(*dst) + sum : sum);
+    }
   }
 }
 
-template <int MT, int NT, typename Out, int XF = kPlain>
+template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                int S, bool accumulate, cudaStream_t s, const float* inv = nullptr, const float* nw = nullptr) {
-  const int64_t groups = (int64_t(N) + NT * 8 - 1) / (NT * 8);
+                int S, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv = nullptr,
+                const float* nw = nullptr) {
+  const int64_t cols_per_warp = PAIR ? 8 : NT * 8;
+  const int64_t groups = ((PAIR ? N / 2 : int64_t(N)) + cols_per_warp - 1) / cols_per_warp;
   const int G = kWarps / S;
-  skinny_mma_kernel<MT, NT, Out, XF><<<unsigned((groups + G - 1) / G), kWarps * 32, 0, s>>>(
-      x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, inv, nw);
+  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G), kWarps * 32,
+                0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M, N, K, S,
+                accumulate, inv, nw, w_uploaded);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -290,14 +306,15 @@ MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
 
 template <typename Out, int XF>
 void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                  const MmaTiling& tl, bool accumulate, cudaStream_t s, const float* inv, const float* nw) {
+                  const MmaTiling& tl, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv,
+                  const float* nw) {
   // One m16 tile for up to 16 rows, two beyond: a row's arithmetic is the same in either.
   if (M <= 16) {
-    if (tl.NT == 2) launch_mma<1, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, s, inv, nw);
-    else launch_mma<1, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, s, inv, nw);
+    if (tl.NT == 2) launch_mma<1, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, w_uploaded, s, inv, nw);
+    else launch_mma<1, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, w_uploaded, s, inv, nw);
   } else {
-    if (tl.NT == 2) launch_mma<2, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, s, inv, nw);
-    else launch_mma<2, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, s, inv, nw);
+    if (tl.NT == 2) launch_mma<2, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, w_uploaded, s, inv, nw);
+    else launch_mma<2, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, w_uploaded, s, inv, nw);
   }
 }
 
@@ -366,6 +383,7 @@ template <int MT, int R, typename Out>
 __global__ void __launch_bounds__(kWarps * 32)
     skinny_vec_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, bool accumulate) {
+  grid_dependency_begin();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t n0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
   if (n0 >= N) return;
@@ -421,6 +439,7 @@ template <typename Out>
 __global__ void skinny_scalar_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                      const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y,
                                      int64_t ldy, int M, int N, int K, bool accumulate) {
+  grid_dependency_begin();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t n = int64_t(blockIdx.x) * kWarps + warp;
   if (n >= N) return;
@@ -451,6 +470,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     skinny_tiled_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                         int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, bool accumulate) {
   extern __shared__ uint4 xs[];  // [MT][kTileChunks]
+  grid_dependency_begin();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t n0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
   const bool active = n0 < N;  // an idle warp still takes part in staging and barriers
@@ -518,9 +538,9 @@ void launch_tiled(const void* x, int64_t ldx, const void* w, int64_t ldw, void* 
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     check(opted, "matmul (skinny)", "raising the shared-memory limit");
   }
-  kernel<<<blocks_for(N, kWarps * R), kWarps * 32, smem, s>>>(static_cast<const __nv_bfloat16*>(x), ldx,
-                                                              static_cast<const __nv_bfloat16*>(w), ldw,
-                                                              static_cast<Out*>(y), ldy, M, N, K, accumulate);
+  launch_kernel("matmul (skinny)", kernel, blocks_for(N, kWarps * R), kWarps * 32, smem, s,
+                static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw,
+                static_cast<Out*>(y), ldy, M, N, K, accumulate);
 }
 
 template <int MT, typename Out>
@@ -529,15 +549,15 @@ void launch_vec(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   // More rows of w per warp when M is large: each x chunk fetched is used R times.
   constexpr int R = MT >= 32 ? 2 : MT >= 8 ? 4 : MT >= 2 ? 2 : 1;
   const unsigned blocks = blocks_for(N, kWarps * R);
-  skinny_vec_kernel<MT, R, Out><<<blocks, kWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(x), ldx,
-                                                              static_cast<const __nv_bfloat16*>(w), ldw,
-                                                              static_cast<Out*>(y), ldy, M, N, K, accumulate);
+  launch_kernel("matmul (skinny)", skinny_vec_kernel<MT, R, Out>, blocks, kWarps * 32, 0, s,
+                static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw,
+                static_cast<Out*>(y), ldy, M, N, K, accumulate);
 }
 
 }  // namespace
 
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M,
-                   int N, int K, bool accumulate, cudaStream_t s) {
+                   int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul: skinny kernel called with " + std::to_string(M) + " rows");
   // Every decision here reads N, K, pointers and strides, never M (see the top of the file).
@@ -551,9 +571,9 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
     if (mma) {
-      dispatch_mma<Out, kPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, s, nullptr, nullptr);
+      dispatch_mma<Out, kPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, s, nullptr, nullptr);
     } else if (!vec) {
-      skinny_scalar_kernel<Out><<<blocks_for(N, kWarps), kWarps * 32, 0, s>>>(
+      launch_kernel("matmul (skinny)", skinny_scalar_kernel<Out>, blocks_for(N, kWarps), kWarps * 32, 0, s,
           static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y),
           ldy, M, N, K, accumulate);
     } else if (M <= 1) {
@@ -573,33 +593,48 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   check_launch("matmul (skinny)");
 }
 
-bool skinny_fused_supported(SkinnyFusion f, const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
+bool skinny_norm_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
   if (!mma_settings().enabled || K % 32 != 0 || N <= 0) return false;
   auto aligned = [](const void* p, int64_t ld, int per16) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % per16 == 0;
   };
   if (!aligned(w, ldw, 8)) return false;
-  // x is f32 for the norm (4 per 16 bytes), [gate | up] bf16 for SwiGLU (8 per 16 bytes).
-  return f == SkinnyFusion::Norm ? aligned(x, ldx, 4) : aligned(x, ldx, 8);
+  return aligned(x, ldx, 4);  // x is f32 (4 per 16 bytes)
 }
 
-void skinny_matmul_fused(SkinnyFusion f, const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
+void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
                          const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M, int N, int K,
-                         bool accumulate, cudaStream_t s) {
+                         bool accumulate, bool w_uploaded, cudaStream_t s) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows)
     throw Error("cuda matmul: fused skinny kernel called with " + std::to_string(M) + " rows");
-  if (!skinny_fused_supported(f, x, ldx, w, ldw, N, K))
+  if (!skinny_norm_supported(x, ldx, w, ldw, N, K))
     throw Error("cuda matmul: fused skinny kernel called where it does not apply");
   const MmaTiling tl = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots);
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
-    if (f == SkinnyFusion::Norm)
-      dispatch_mma<Out, kNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, s, inv_rms, norm_w);
-    else
-      dispatch_mma<Out, kSwiGLU>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, s, nullptr, nullptr);
+    dispatch_mma<Out, kNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, s, inv_rms, norm_w);
   });
   check_launch("matmul (skinny, fused)");
+}
+
+bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
+  auto aligned = [](const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 8 == 0; };
+  return mma_settings().enabled && K % 32 == 0 && N > 0 && N % 2 == 0 && aligned(x, ldx) && aligned(w, ldw);
+}
+
+void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
+                            int N, int K, bool w_uploaded, cudaStream_t s) {
+  if (M == 0 || N == 0) return;
+  if (M > kSkinnyMaxRows) throw Error("cuda matmul_silu_mul: skinny kernel called with " + std::to_string(M) + " rows");
+  if (!skinny_silu_pair_supported(x, ldx, w, ldw, N, K))
+    throw Error("cuda matmul_silu_mul: the paired kernel called where it does not apply");
+  // The K slices the plain product of this weight takes (its tile width does not change a sum).
+  const int S = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots).S;
+  if (M <= 16)
+    launch_mma<1, 2, __nv_bfloat16, kPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, s);
+  else
+    launch_mma<2, 2, __nv_bfloat16, kPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, s);
 }
 
 }  // namespace dflash::cuda

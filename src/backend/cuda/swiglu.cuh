@@ -1,6 +1,6 @@
 #pragma once
 // The SwiGLU activation of one element, shared by silu_mul (elementwise.cu) and the fused
-// down projection (skinny_matmul.cu), which must produce the same bits: every step is an
+// gate/up product (skinny_matmul.cu), which must produce the same bits: every step is an
 // explicitly rounded intrinsic, so no context can contract it into a different FMA.
 #include <cuda_runtime.h>
 

@@ -1,0 +1,59 @@
+#pragma once
+// Every kernel of the backend is launched through launch_kernel(): on sm_90 and newer it asks
+// for programmatic dependent launch, so the next kernel of a decode step is already resident
+// when the current one ends (the few microseconds of launch between two dependent kernels were
+// a fifth of a Qwen3-8B step) and can spend the current one's last microseconds prefetching its
+// weights into L2. The kernels' side of the contract is grid_dependency_begin()
+// (device_util.cuh). DFLASH_CUDA_PDL=0 turns it off, to measure against.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "backend/cuda/cuda_common.h"
+
+namespace dflash::cuda {
+
+inline bool pdl_enabled() {
+  static const bool enabled = [] {
+    if (const char* e = std::getenv("DFLASH_CUDA_PDL"); e && std::strcmp(e, "0") == 0) return false;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return enabled;
+}
+
+// DFLASH_CUDA_PDL_SKIP="op,op": those ops launch without the attribute (to find which kernel
+// gains or loses by it; measuring only).
+inline bool pdl_skipped(const char* op) {
+  static const std::string skip = [] {
+    const char* e = std::getenv("DFLASH_CUDA_PDL_SKIP");
+    return e ? "," + std::string(e) + "," : std::string();
+  }();
+  return !skip.empty() && skip.find("," + std::string(op) + ",") != std::string::npos;
+}
+
+template <typename... Params, typename... Args>
+void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() && !pdl_skipped(op) ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, "kernel launch");
+}
+
+}  // namespace dflash::cuda
