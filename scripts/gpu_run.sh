@@ -162,13 +162,13 @@ EOF
 fi
 
 if has ab; then
-  # The same Qwen3-8B-shaped bench under each setting of AB ("|"-separated, one environment
-  # assignment each; an empty one is the default build): the A/B of a change in one run.
+  # The same Qwen3-8B-shaped bench under each setting of AB ("|"-separated; each a list of
+  # environment assignments, an empty one the default build): the A/B of a change in one run.
   step "A/B at Qwen3-8B shapes: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_L2_PREFETCH_MB=0|}"
   IFS='|' read -ra settings <<<"$AB|"
   for setting in "${settings[@]}"; do
     echo "--- ${setting:-default}"
-    env ${setting:+"$setting"} timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
+    env $setting timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
       --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
       | grep -E "^ALL|^DFlash step|^plain decode|^time"
   done

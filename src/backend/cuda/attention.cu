@@ -7,9 +7,9 @@
 //   serve every query head of the GQA group and every row of the tile. Tiles are small (about
 //   16 queries: 4 rows × 4 heads for Qwen3-8B) so the grid has many blocks; other row tiles
 //   re-read the chunk from L2. Each block writes, per (row, head, chunk), the chunk's max score,
-//   its sum of exp2 and the unnormalised output in f32 scratch; the last block of a tile to
-//   finish (a per-stream arrival counter) merges the chunks of each of the tile's (row, head) in
-//   chunk order, so a call is one launch (a separate merge kernel when no counters are at hand).
+//   its sum of exp2 and the unnormalised output in f32 scratch; a second launch merges the
+//   chunks of each (row, head) in chunk order, one thread per four output elements (opt-in
+//   instead: the last block of a tile to finish, seen by a per-stream arrival counter).
 // - Larger T (prefill): one block of kWarps warps per (query row, head), below.
 //
 // Batch invariance: in the split path every number a row produces is a function of its query,
@@ -204,7 +204,7 @@ struct SplitArgs {
   __nv_bfloat16* out;
   int64_t ldo;
   // One arrival counter per tile (blockIdx.z · gridDim.y + blockIdx.y), zero at launch and left
-  // zero: the tile's last block to finish merges its chunks. Null: split_combine_kernel does.
+  // zero: the tile's last block to finish merges its chunks. Null: split_merge_kernel does.
   unsigned* counters;
   int64_t kv_len, q_pos0, T;
   int hq, group, D, D8, nc;
@@ -469,11 +469,21 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
   else merge_tile<1>(a, t0, h_base, hg, rows * hg, threadIdx.x, kSplitThreads);
 }
 
-// The merge as its own kernel, one block per row (all heads of it), when no counters are at hand.
-__global__ void split_combine_kernel(const SplitArgs a) {
+// The merge as its own kernel (when no counters are at hand, or DFLASH_ATTN_MERGE=kernel):
+// one thread per V-element slice of one (row, head), so every pair merges at once.
+template <int V>
+__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   grid_dependency_begin();
-  if (a.D % 4 == 0) merge_tile<4>(a, blockIdx.x, 0, a.hq, a.hq, threadIdx.x, blockDim.x);
-  else merge_tile<1>(a, blockIdx.x, 0, a.hq, a.hq, threadIdx.x, blockDim.x);
+  const int per = a.D / V;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.T * a.hq * per) return;
+  const int64_t pair = i / per;  // t · hq + h
+  const int d0 = static_cast<int>(i % per) * V;
+  const int64_t t = pair / a.hq;
+  const int64_t visible = visible_keys(t, a.kv_len, a.q_pos0, a.causal);
+  const int n = static_cast<int>((visible + kChunk - 1) / kChunk);
+  merge_chunks<V>(a.part_ml + pair * a.nc, a.part_o + pair * a.nc * int64_t(a.D),
+                  a.out + t * a.ldo + int64_t(pair % a.hq) * a.D, a.D, n, d0);
 }
 
 // Split tiles hold about this many queries (rows × heads); see attention().
@@ -583,7 +593,15 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       a.rows_per_block = static_cast<int>(rows);
       const int64_t row_tiles = (T + rows - 1) / rows;
       const int64_t tiles = row_tiles * a.head_tiles * hkv;
-      a.counters = split_counters(s, tiles);
+      // The merge as its own launch, one thread per (row, head, 4 elements), beat the merge by
+      // each tile's last block (H200, Qwen3-8B shapes, 2026-11-29: DFlash step 6.79 against
+      // 7.35 ms; plain decode the same), whose one block merged a whole tile serially.
+      // DFLASH_ATTN_MERGE=fused keeps the in-kernel merge, to measure against.
+      static const bool fused_merge = [] {
+        const char* e = std::getenv("DFLASH_ATTN_MERGE");
+        return e && std::string(e) == "fused";
+      }();
+      a.counters = fused_merge ? split_counters(s, tiles) : nullptr;
       const int nq4 = (a.rows_per_block * a.heads_per_block + 3) / 4 * 4;
       const size_t smem = split_smem_bytes(a.D8, nq4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
@@ -596,7 +614,9 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
       if (a.counters) return;  // the kernel merged the chunks itself
     }
-    launch_kernel("attention", split_combine_kernel, static_cast<unsigned>(T), 256, 0, s, a);
+    const int64_t slices = T * hq * (D % 4 == 0 ? D / 4 : D);
+    launch_kernel("attention", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(slices, 128),
+                  128, 0, s, a);
     return;
   }
 

@@ -9,7 +9,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "backend/cuda/cuda_common.h"
@@ -30,19 +32,42 @@ inline bool pdl_enabled() {
   return enabled;
 }
 
-// DFLASH_CUDA_PDL_SKIP="op,op": those ops launch without the attribute (to find which kernel
-// gains or loses by it; measuring only).
-inline bool pdl_skipped(const char* op) {
+// Measuring only. DFLASH_CUDA_PDL_SKIP="op,op": those ops launch without the attribute (which
+// kernel gains or loses by it). DFLASH_CUDA_NOOP="op,op": those ops launch nothing at all, so
+// a step's time without them shows what they cost inside it (the results are then wrong).
+inline bool op_listed(const char* var, const char* op) {
   static const std::string skip = [] {
     const char* e = std::getenv("DFLASH_CUDA_PDL_SKIP");
     return e ? "," + std::string(e) + "," : std::string();
   }();
-  return !skip.empty() && skip.find("," + std::string(op) + ",") != std::string::npos;
+  static const std::string noop = [] {
+    const char* e = std::getenv("DFLASH_CUDA_NOOP");
+    return e ? "," + std::string(e) + "," : std::string();
+  }();
+  const std::string& list = std::strcmp(var, "DFLASH_CUDA_NOOP") == 0 ? noop : skip;
+  return !list.empty() && list.find("," + std::string(op) + ",") != std::string::npos;
+}
+
+// DFLASH_CUDA_CARVEOUT=p (0-100, measuring only): every kernel prefers p % of the unified
+// L1/shared memory as shared memory, so consecutive kernels never make an SM change its split.
+inline void apply_carveout(const void* kernel) {
+  static const int pct = [] {
+    const char* e = std::getenv("DFLASH_CUDA_CARVEOUT");
+    return e ? std::atoi(e) : -1;
+  }();
+  if (pct < 0) return;
+  static std::mutex mu;
+  static std::unordered_set<const void*> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.insert(kernel).second)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct), "launch", "carveout");
 }
 
 template <typename... Params, typename... Args>
 void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    Args&&... args) {
+  if (op_listed("DFLASH_CUDA_NOOP", op)) return;
+  apply_carveout(reinterpret_cast<const void*>(kernel));
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
@@ -52,7 +77,7 @@ void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 bl
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = &attr;
-  cfg.numAttrs = pdl_enabled() && !pdl_skipped(op) ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() && !op_listed("DFLASH_CUDA_PDL_SKIP", op) ? 1 : 0;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, "kernel launch");
 }
 
