@@ -10,6 +10,8 @@
 //   its sum of exp2 and the unnormalised output in f32 scratch; a second launch merges the
 //   chunks of each (row, head) in chunk order, one thread per four output elements (opt-in
 //   instead: the last block of a tile to finish, seen by a per-stream arrival counter).
+//   A chunk's scores and P·V run on the tensor cores (split_chunk_mma) where the build and the
+//   head size allow, on CUDA cores otherwise (split_chunk); a process uses one of the two.
 // - Larger T (prefill): one block of kWarps warps per (query row, head), below.
 //
 // Batch invariance: in the split path every number a row produces is a function of its query,
@@ -211,6 +213,7 @@ struct SplitArgs {
   int rows_per_block, heads_per_block, head_tiles;
   float scale_log2;
   bool causal, vec;
+  bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
 };
 
 // Shared memory of one split block: K and V of the chunk as bf16 rows of D8 + 8 elements (the
@@ -382,6 +385,157 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   else split_pv<4>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
 }
 
+// Shared memory of one tensor-core split block: K and V as in split_chunk, then the queries as
+// bf16 rows of D8 + 8 for whole m16 tiles (rows past the tile's queries zero), then f32 scores
+// and probabilities for those rows.
+__host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq) {
+  return size_t(2) * kChunk * split_row_stride(D8) * 2 + size_t((nq + 15) / 16 * 16) * split_row_stride(D8) * 2 +
+         size_t((nq + 15) / 16 * 16) * kChunk * 4;
+}
+
+__device__ __forceinline__ uint32_t bf16_pair_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+// split_chunk on the tensor cores (sm_80+, D % 16 == 0, aligned K/V rows): the scores and P·V
+// as m16n8k16 bf16 products with f32 accumulation, the softmax between them as in split_chunk.
+// Scores: S = q·kᵀ from the bf16 values as stored (products exact in f32), then scaled by
+// head_dim^-0.5 · log2(e). P·V: each probability is split into bf16 hi + lo parts (p − hi is
+// exact in f32 and its bf16 rounding leaves ~2^-16 of p), so P·V keeps about f32 accuracy.
+// Batch invariance as in split_chunk: an mma computes each row of its result from that row of
+// A alone, every k step is taken in order, probabilities past a row's visible keys are exact
+// zeros and the V rows past the loaded keys are zeroed, so a row's partials depend only on its
+// query, its visible count and the keys. Warp w computes the scores of keys 16w … 16w + 15 and
+// the output columns 8(w + 4i) … of every m16 tile.
+static_assert(kChunk == 16 * (kSplitThreads / 32), "split_chunk_mma: sixteen keys of the chunk per warp");
+__device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
+                                                int rows, int hg, int h_base, int64_t c0, int n_load) {
+  const int D = a.D, Dp = split_row_stride(a.D8);
+  const int nq = rows * hg, mtiles = (nq + 15) / 16;
+  auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* Vs = Ks + kChunk * Dp;
+  __nv_bfloat16* Qs = Vs + kChunk * Dp;
+  auto* Ss = reinterpret_cast<float*>(Qs + mtiles * 16 * Dp);
+
+  const __nv_bfloat16* kb = a.k + c0 * a.ldk + int64_t(kvh) * D;
+  const __nv_bfloat16* vb = a.v + c0 * a.ldv + int64_t(kvh) * D;
+  const int segs = D / 8;
+  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+    const int j = i / segs, s8 = (i % segs) * 8;
+    cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8);
+  }
+  cp_async_commit();
+  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+    const int j = i / segs, s8 = (i % segs) * 8;
+    cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8);
+  }
+  cp_async_commit();
+  // V rows past the loaded keys meet probabilities of exactly 0, which must not meet NaNs.
+  for (int i = threadIdx.x; i < (kChunk - n_load) * segs; i += kSplitThreads) {
+    const int j = n_load + i / segs, s8 = (i % segs) * 8;
+    *reinterpret_cast<uint4*>(Vs + j * Dp + s8) = make_uint4(0, 0, 0, 0);
+  }
+  const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
+  for (int i = threadIdx.x; i < mtiles * 16 * D; i += kSplitThreads) {
+    const int qv = i / D, d = i % D;
+    Qs[qv * Dp + d] = qv < nq ? a.q[(t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + d] : zero;
+  }
+  cp_async_wait<1>();
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int mt = 0; mt < mtiles; ++mt) {
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      const __nv_bfloat16* qa = Qs + (mt * 16 + g) * Dp + k0 + 2 * t;
+      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(qa);
+      const uint32_t a1 = *reinterpret_cast<const uint32_t*>(qa + 8 * Dp);
+      const uint32_t a2 = *reinterpret_cast<const uint32_t*>(qa + 8);
+      const uint32_t a3 = *reinterpret_cast<const uint32_t*>(qa + 8 * Dp + 8);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const __nv_bfloat16* kr = Ks + (warp * 16 + nt * 8 + g) * Dp + k0 + 2 * t;
+        mma_bf16_16x8x16(acc[nt], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kr),
+                         *reinterpret_cast<const uint32_t*>(kr + 8));
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        Ss[(mt * 16 + g + (i / 2) * 8) * kChunk + warp * 16 + nt * 8 + 2 * t + i % 2] = acc[nt][i] * a.scale_log2;
+  }
+  __syncthreads();
+
+  // Softmax of each query over its keys of the chunk, exactly as in split_chunk.
+  for (int qv = warp; qv < nq; qv += kSplitThreads / 32) {
+    const int64_t tq = t0 + qv / hg;
+    const int nv = keys_in_chunk(visible_keys(tq, a.kv_len, a.q_pos0, a.causal), c0);
+    if (nv == 0) continue;
+    float* srow = Ss + qv * kChunk;
+    const float sa = lane < nv ? srow[lane] : -INFINITY;
+    const float sb = lane + 32 < nv ? srow[lane + 32] : -INFINITY;
+    const float m = warp_max(fmaxf(sa, sb));
+    const float pa = lane < nv ? exp2f(sa - m) : 0.f;
+    const float pb = lane + 32 < nv ? exp2f(sb - m) : 0.f;
+    srow[lane] = pa;
+    srow[lane + 32] = pb;
+    const float l = warp_sum(pa + pb);
+    if (lane == 0) a.part_ml[(tq * a.hq + h_base + qv % hg) * a.nc + c] = make_float2(m, l);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const auto* V16 = reinterpret_cast<const unsigned short*>(Vs);
+  const int dtiles = D / 8;
+  constexpr int kMaxTilesPerWarp = kMaxHeadDim / 8 / (kSplitThreads / 32);
+  for (int mt = 0; mt < mtiles; ++mt) {
+    float acc[kMaxTilesPerWarp][4];
+#pragma unroll
+    for (int i = 0; i < kMaxTilesPerWarp; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+#pragma unroll
+    for (int k0 = 0; k0 < kChunk; k0 += 16) {
+      const float* p0 = Ss + (mt * 16 + g) * kChunk + k0 + 2 * t;
+      const float2 q00 = *reinterpret_cast<const float2*>(p0), q01 = *reinterpret_cast<const float2*>(p0 + 8);
+      const float2 q10 = *reinterpret_cast<const float2*>(p0 + 8 * kChunk);
+      const float2 q11 = *reinterpret_cast<const float2*>(p0 + 8 * kChunk + 8);
+      const __nv_bfloat162 h00 = __floats2bfloat162_rn(q00.x, q00.y), h10 = __floats2bfloat162_rn(q10.x, q10.y);
+      const __nv_bfloat162 h01 = __floats2bfloat162_rn(q01.x, q01.y), h11 = __floats2bfloat162_rn(q11.x, q11.y);
+      const __nv_bfloat162 l00 = __floats2bfloat162_rn(q00.x - __low2float(h00), q00.y - __high2float(h00));
+      const __nv_bfloat162 l10 = __floats2bfloat162_rn(q10.x - __low2float(h10), q10.y - __high2float(h10));
+      const __nv_bfloat162 l01 = __floats2bfloat162_rn(q01.x - __low2float(h01), q01.y - __high2float(h01));
+      const __nv_bfloat162 l11 = __floats2bfloat162_rn(q11.x - __low2float(h11), q11.y - __high2float(h11));
+#pragma unroll
+      for (int i = 0; i < kMaxTilesPerWarp; ++i) {
+        const int dt = warp + i * (kSplitThreads / 32);
+        if (dt >= dtiles) break;
+        const unsigned short* vr = V16 + (k0 + 2 * t) * Dp + dt * 8 + g;
+        const uint32_t b0 = uint32_t(vr[0]) | uint32_t(vr[Dp]) << 16;
+        const uint32_t b1 = uint32_t(vr[8 * Dp]) | uint32_t(vr[9 * Dp]) << 16;
+        mma_bf16_16x8x16(acc[i], bf16_pair_bits(h00), bf16_pair_bits(h10), bf16_pair_bits(h01), bf16_pair_bits(h11),
+                         b0, b1);
+        mma_bf16_16x8x16(acc[i], bf16_pair_bits(l00), bf16_pair_bits(l10), bf16_pair_bits(l01), bf16_pair_bits(l11),
+                         b0, b1);
+      }
+    }
+    // Rows g and g + 8 of the tile; a row whose visible keys end before this chunk writes nothing.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int qv = mt * 16 + g + half * 8;
+      if (qv >= nq) continue;
+      const int64_t tq = t0 + qv / hg;
+      if (keys_in_chunk(visible_keys(tq, a.kv_len, a.q_pos0, a.causal), c0) == 0) continue;
+      float* dst = a.part_o + ((tq * a.hq + h_base + qv % hg) * a.nc + c) * a.D;
+#pragma unroll
+      for (int i = 0; i < kMaxTilesPerWarp; ++i) {
+        const int dt = warp + i * (kSplitThreads / 32);
+        if (dt >= dtiles) break;
+        *reinterpret_cast<float2*>(dst + dt * 8 + 2 * t) = make_float2(acc[i][2 * half], acc[i][2 * half + 1]);
+      }
+    }
+  }
+}
+
 // Merges the chunks of one (row, head) into out[d0 … d0 + V − 1] in chunk order:
 // out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), each element on its own, so V (a float4
 // load for four elements when D % 4 == 0) changes nothing in the numbers. The one arithmetic
@@ -450,7 +604,10 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
   // past it (rows beyond kv_len among them) are never read.
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
   grid_dependency_begin();
-  if (n_load > 0) split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+  if (n_load > 0) {
+    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+  }
   if (!a.counters) return;
 
   // Every block of the tile arrives (those past its keys too), after its partials are visible.
@@ -513,6 +670,23 @@ unsigned* split_counters(cudaStream_t s, int64_t tiles) {
   return it->second;
 }
 
+// Whether the split path runs on the tensor cores: the kernel must exist as sm_80+ code in this
+// binary (an older PTX-only build has the mma compiled to a trap). Read once per process, so a
+// row alone and the same row in a block always take the same arithmetic. DFLASH_ATTN_MMA=0
+// keeps the CUDA-core path (to measure against).
+bool split_mma_enabled() {
+  static const bool enabled = [] {
+    if (const char* e = std::getenv("DFLASH_ATTN_MMA"); e && std::string(e) == "0") return false;
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, split_kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.ptxVersion >= 80 && attr.binaryVersion >= 80;
+  }();
+  return enabled;
+}
+
 int64_t split_chunks(int64_t kv_len) { return (kv_len + kChunk - 1) / kChunk; }
 int round_up8(int64_t d) { return static_cast<int>((d + 7) / 8 * 8); }
 // Queries (rows × heads) one split block serves: its shared memory holds them in f32.
@@ -570,6 +744,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     a.scale_log2 = scale_log2;
     a.causal = causal;
     a.vec = vec;
+    a.mma = vec && D % 16 == 0 && split_mma_enabled();
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they
@@ -602,12 +777,13 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         return e && std::string(e) == "fused";
       }();
       a.counters = fused_merge ? split_counters(s, tiles) : nullptr;
-      const int nq4 = (a.rows_per_block * a.heads_per_block + 3) / 4 * 4;
-      const size_t smem = split_smem_bytes(a.D8, nq4);
+      const int nq = a.rows_per_block * a.heads_per_block;
+      const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
       static const cudaError_t opt_in = cudaFuncSetAttribute(
           split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-          static_cast<int>(std::max(split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32))));
+          static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
+                                     split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)})));
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
