@@ -277,6 +277,48 @@ __device__ __forceinline__ void split_pv(const SplitArgs& a, const __nv_bfloat16
   }
 }
 
+// K and V rows 0 … n_load − 1 of the chunk into shared memory (rows of stride Dp) with
+// asynchronous 16-byte copies (D % 8 == 0, aligned rows), K and V as separate commit groups so
+// the scores can start while V is still in flight.
+__device__ __forceinline__ void stage_chunk_kv(const SplitArgs& a, __nv_bfloat16* Ks, __nv_bfloat16* Vs, int Dp,
+                                               const __nv_bfloat16* kb, const __nv_bfloat16* vb, int n_load) {
+  const int segs = a.D / 8;
+  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+    const int j = i / segs, s8 = (i % segs) * 8;
+    cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8);
+  }
+  cp_async_commit();
+  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+    const int j = i / segs, s8 = (i % segs) * 8;
+    cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8);
+  }
+  cp_async_commit();
+}
+
+// Softmax of each query over its keys of the chunk, in place on its row of Ss (scores in, the
+// unnormalised probabilities out, 0 past its visible keys), and the chunk's (max, sum) into
+// part_ml: one warp per query, keys lane and lane + 32. The max is exact in any order; the sum
+// is the fixed butterfly of warp_sum. A query that sees no key of the chunk is left alone.
+__device__ __forceinline__ void chunk_softmax(const SplitArgs& a, float* Ss, int nq, int hg, int64_t t0, int h_base,
+                                              int c, int64_t c0) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int qv = warp; qv < nq; qv += kSplitThreads / 32) {
+    const int64_t t = t0 + qv / hg;
+    const int nv = keys_in_chunk(visible_keys(t, a.kv_len, a.q_pos0, a.causal), c0);
+    if (nv == 0) continue;  // this chunk is past the row's last key
+    float* srow = Ss + qv * kChunk;
+    const float sa = lane < nv ? srow[lane] : -INFINITY;
+    const float sb = lane + 32 < nv ? srow[lane + 32] : -INFINITY;
+    const float m = warp_max(fmaxf(sa, sb));  // finite: key 0 of the chunk is visible
+    const float pa = lane < nv ? exp2f(sa - m) : 0.f;
+    const float pb = lane + 32 < nv ? exp2f(sb - m) : 0.f;
+    srow[lane] = pa;
+    srow[lane + 32] = pb;
+    const float l = warp_sum(pa + pb);
+    if (lane == 0) a.part_ml[(t * a.hq + h_base + qv % hg) * a.nc + c] = make_float2(m, l);
+  }
+}
+
 // The work of one split block on its chunk: scores, softmax and P·V of the tile's queries
 // against the chunk's keys, written to part_ml / part_o. n_load > 0 keys of the chunk are
 // visible to the tile's last row.
@@ -289,22 +331,10 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   auto* Qs = reinterpret_cast<float*>(Vs + kChunk * Dp);
   float* Ss = Qs + nq4 * D8;
 
-  // K and V of the chunk: asynchronous 16-byte copies, K and V as separate groups so the
-  // scores can start while V is still in flight.
   const __nv_bfloat16* kb = a.k + c0 * a.ldk + int64_t(kvh) * D;
   const __nv_bfloat16* vb = a.v + c0 * a.ldv + int64_t(kvh) * D;
   if (a.vec) {  // D % 8 == 0, so D8 == D
-    const int segs = D / 8;
-    for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
-      const int j = i / segs, s8 = (i % segs) * 8;
-      cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8);
-    }
-    cp_async_commit();
-    for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
-      const int j = i / segs, s8 = (i % segs) * 8;
-      cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8);
-    }
-    cp_async_commit();
+    stage_chunk_kv(a, Ks, Vs, Dp, kb, vb, n_load);
   } else {
     // Zero padding up to D8: the score loop then reads whole 8-element groups.
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
@@ -358,24 +388,7 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   }
   __syncthreads();
 
-  // Softmax of each query over its keys of the chunk: one warp per query, keys lane and
-  // lane + 32. The max is exact in any order; the sum is the fixed butterfly of warp_sum.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int qv = warp; qv < nq; qv += kSplitThreads / 32) {
-    const int64_t t = t0 + qv / hg;
-    const int nv = keys_in_chunk(visible_keys(t, a.kv_len, a.q_pos0, a.causal), c0);
-    if (nv == 0) continue;  // this chunk is past the row's last key
-    float* srow = Ss + qv * kChunk;
-    const float sa = lane < nv ? srow[lane] : -INFINITY;
-    const float sb = lane + 32 < nv ? srow[lane + 32] : -INFINITY;
-    const float m = warp_max(fmaxf(sa, sb));  // finite: key 0 of the chunk is visible
-    const float pa = lane < nv ? exp2f(sa - m) : 0.f;
-    const float pb = lane + 32 < nv ? exp2f(sb - m) : 0.f;
-    srow[lane] = pa;
-    srow[lane + 32] = pb;
-    const float l = warp_sum(pa + pb);
-    if (lane == 0) a.part_ml[(t * a.hq + h_base + qv % hg) * a.nc + c] = make_float2(m, l);
-  }
+  chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0);
   if (a.vec) cp_async_wait<0>();
   __syncthreads();
 
@@ -415,19 +428,8 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __nv_bfloat16* Qs = Vs + kChunk * Dp;
   auto* Ss = reinterpret_cast<float*>(Qs + mtiles * 16 * Dp);
 
-  const __nv_bfloat16* kb = a.k + c0 * a.ldk + int64_t(kvh) * D;
-  const __nv_bfloat16* vb = a.v + c0 * a.ldv + int64_t(kvh) * D;
+  stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   const int segs = D / 8;
-  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
-    const int j = i / segs, s8 = (i % segs) * 8;
-    cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8);
-  }
-  cp_async_commit();
-  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
-    const int j = i / segs, s8 = (i % segs) * 8;
-    cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8);
-  }
-  cp_async_commit();
   // V rows past the loaded keys meet probabilities of exactly 0, which must not meet NaNs.
   for (int i = threadIdx.x; i < (kChunk - n_load) * segs; i += kSplitThreads) {
     const int j = n_load + i / segs, s8 = (i % segs) * 8;
@@ -465,22 +467,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
   __syncthreads();
 
-  // Softmax of each query over its keys of the chunk, exactly as in split_chunk.
-  for (int qv = warp; qv < nq; qv += kSplitThreads / 32) {
-    const int64_t tq = t0 + qv / hg;
-    const int nv = keys_in_chunk(visible_keys(tq, a.kv_len, a.q_pos0, a.causal), c0);
-    if (nv == 0) continue;
-    float* srow = Ss + qv * kChunk;
-    const float sa = lane < nv ? srow[lane] : -INFINITY;
-    const float sb = lane + 32 < nv ? srow[lane + 32] : -INFINITY;
-    const float m = warp_max(fmaxf(sa, sb));
-    const float pa = lane < nv ? exp2f(sa - m) : 0.f;
-    const float pb = lane + 32 < nv ? exp2f(sb - m) : 0.f;
-    srow[lane] = pa;
-    srow[lane + 32] = pb;
-    const float l = warp_sum(pa + pb);
-    if (lane == 0) a.part_ml[(tq * a.hq + h_base + qv % hg) * a.nc + c] = make_float2(m, l);
-  }
+  chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0);
   cp_async_wait<0>();
   __syncthreads();
 
