@@ -735,10 +735,11 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they
-      // share its K/V), then rows: few per block, since a block's queries are served one after
-      // another by its 128 threads (H200, 16-row verification at Qwen3-8B shapes, 2026-11-29:
-      // 16 queries a tile gave the fastest DFlash step; 4, 8 and 32 were 2-10 % slower, 64 32 %
-      // slower); the other row tiles re-read the chunk from L2. Only when that makes more than
+      // share its K/V), then rows: few per block, since more blocks shorten the critical path
+      // (H200, 16-row verification at Qwen3-8B shapes, 2026-11-29: 16 queries a tile gave the
+      // fastest DFlash step; on CUDA cores 4, 8 and 32 were 2-10 % slower and 64 32 % slower,
+      // on the tensor cores 32 and 64 8 % and 18 % slower); the other row tiles re-read the
+      // chunk from L2. Only when that makes more than
       // kSplitManyBlocks blocks (long contexts) do the tiles grow again, to save those re-reads.
       const int max_q = split_max_queries(a.D8);
       a.heads_per_block = std::min(group, max_q);
