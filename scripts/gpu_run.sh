@@ -6,6 +6,7 @@
 #
 #   scripts/gpu_run.sh            # all steps
 #   STEPS="build doctor" scripts/gpu_run.sh
+#   STEPS="build bench ab" AB="DFLASH_CUDA_PDL=0|" scripts/gpu_run.sh   # A/B under settings
 #
 # The device image is Ubuntu with CUDA, CMake 4 and g++ 13 but may lack the engine's system
 # libraries (nlohmann-json, CLI11, PCRE2, utf8proc, OpenMP OpenBLAS, GoogleTest). Those come
@@ -164,7 +165,7 @@ fi
 if has ab; then
   # The same Qwen3-8B-shaped bench under each setting of AB ("|"-separated; each a list of
   # environment assignments, an empty one the default build): the A/B of a change in one run.
-  step "A/B at Qwen3-8B shapes: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_L2_PREFETCH_MB=0|}"
+  step "A/B at Qwen3-8B shapes: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_ATTN_MMA=0|}"
   IFS='|' read -ra settings <<<"$AB|"
   for setting in "${settings[@]}"; do
     echo "--- ${setting:-default}"
