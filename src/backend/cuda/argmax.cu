@@ -110,7 +110,7 @@ void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_
   if (rows > 65535) throw Error("cuda argmax_rows: " + std::to_string(rows) + " rows");
   const int slices = slices_for(cols);
   const int64_t slice = ((cols + slices - 1) / slices + 3) / 4 * 4;  // a multiple of 4 for the 16-byte loads
-  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
+  const bool vec = rows_aligned16(x, ldx, 4);
   auto* part_v = static_cast<float*>(scratch);
   auto* part_i = reinterpret_cast<int*>(part_v + int64_t(rows) * slices);
   launch_kernel("argmax_rows", argmax_slices_kernel, dim3(static_cast<unsigned>(slices), static_cast<unsigned>(rows)),

@@ -8,8 +8,7 @@
 //   16 queries: 4 rows × 4 heads for Qwen3-8B) so the grid has many blocks; other row tiles
 //   re-read the chunk from L2. Each block writes, per (row, head, chunk), the chunk's max score,
 //   its sum of exp2 and the unnormalised output in f32 scratch; a second launch merges the
-//   chunks of each (row, head) in chunk order, one thread per four output elements (opt-in
-//   instead: the last block of a tile to finish, seen by a per-stream arrival counter).
+//   chunks of each (row, head) in chunk order, one thread per four output elements.
 //   A chunk's scores and P·V run on the tensor cores (split_chunk_mma) where the build and the
 //   head size allow, on CUDA cores otherwise (split_chunk); a process uses one of the two.
 // - Larger T (prefill): one block of kWarps warps per (query row, head), below.
@@ -21,15 +20,12 @@
 // causal count) see the same chunks. Inside a chunk each dot product runs over d in order, the
 // max is exact, the sum of exp2 is one fixed butterfly, each output element sums its keys in
 // order; how rows and heads are tiled onto blocks and threads only decides who computes a
-// number, never how. The merge walks chunks 0, 1, … in order, the same code whichever block
-// or kernel runs it. Decode (T = 1) and verification
-// (T ≤ 32) therefore share one arithmetic, bit for bit.
+// number, never how. The merge walks chunks 0, 1, … in order. Decode (T = 1) and
+// verification (T ≤ 32) therefore share one arithmetic, bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -205,9 +201,6 @@ struct SplitArgs {
   float* part_o;    // [T·hq·nc, D]: unnormalised output per (row, head, chunk)
   __nv_bfloat16* out;
   int64_t ldo;
-  // One arrival counter per tile (blockIdx.z · gridDim.y + blockIdx.y), zero at launch and left
-  // zero: the tile's last block to finish merges its chunks. Null: split_merge_kernel does.
-  unsigned* counters;
   int64_t kv_len, q_pos0, T;
   int hq, group, D, D8, nc;
   int rows_per_block, heads_per_block, head_tiles;
@@ -526,8 +519,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
 // Merges the chunks of one (row, head) into out[d0 … d0 + V − 1] in chunk order:
 // out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), each element on its own, so V (a float4
 // load for four elements when D % 4 == 0) changes nothing in the numbers. The one arithmetic
-// of the merge, whichever kernel runs it. The partials are read through L2 (__ldcg): in the
-// fused merge other blocks wrote them during this kernel.
+// of the merge. The partials are read through L2 (__ldcg): each is used once.
 template <int V>
 __device__ __forceinline__ void merge_chunks(const float2* ml, const float* po, __nv_bfloat16* out, int D, int n,
                                              int d0) {
@@ -557,26 +549,7 @@ __device__ __forceinline__ void merge_chunks(const float2* ml, const float* po, 
   for (int e = 0; e < V; ++e) out[d0 + e] = __float2bfloat16_rn(n > 0 ? num[e] / den : 0.f);
 }
 
-// Merges (row, head) pairs i = i0, i0 + step, … < nq × D/V of a tile whose first pair is
-// (t0, h_base), hg heads per row: one V-element slice of one pair per item.
-template <int V>
-__device__ __forceinline__ void merge_tile(const SplitArgs& a, int64_t t0, int h_base, int hg, int nq, int i0,
-                                           int step) {
-  const int per = a.D / V;
-  for (int i = i0; i < nq * per; i += step) {
-    const int qv = i / per, d0 = (i % per) * V;
-    const int64_t t = t0 + qv / hg;
-    const int h = h_base + qv % hg;
-    const int64_t visible = visible_keys(t, a.kv_len, a.q_pos0, a.causal);
-    const int n = static_cast<int>((visible + kChunk - 1) / kChunk);
-    merge_chunks<V>(a.part_ml + (t * a.hq + h) * a.nc, a.part_o + (t * a.hq + h) * a.nc * int64_t(a.D),
-                    a.out + t * a.ldo + int64_t(h) * a.D, a.D, n, d0);
-  }
-}
-
 // One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-// With counters, the last block of a tile to finish merges the tile's (row, head) outputs
-// (the threadFenceReduction pattern), which saves the merge kernel's launch.
 __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, kvh = blockIdx.y;
@@ -595,26 +568,12 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
     if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
     else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   }
-  if (!a.counters) return;
-
-  // Every block of the tile arrives (those past its keys too), after its partials are visible.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* counter = a.counters + (blockIdx.z * gridDim.y + blockIdx.y);
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    if (last) *counter = 0;  // every block has arrived: ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (a.D % 4 == 0) merge_tile<4>(a, t0, h_base, hg, rows * hg, threadIdx.x, kSplitThreads);
-  else merge_tile<1>(a, t0, h_base, hg, rows * hg, threadIdx.x, kSplitThreads);
 }
 
-// The merge as its own kernel (when no counters are at hand, or DFLASH_ATTN_MERGE=kernel):
-// one thread per V-element slice of one (row, head), so every pair merges at once.
+// The merge, after split_kernel: one thread per V-element slice of one (row, head), so every
+// pair merges at once. (Merging in split_kernel, by each tile's last block to finish, put a
+// whole tile's merge on one block: the DFlash step at Qwen3-8B shapes took 7.35 ms against
+// 6.79 with this launch, H200, 2026-11-29.)
 template <int V>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   grid_dependency_begin();
@@ -633,29 +592,6 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
 // Split tiles hold about this many queries (rows × heads); see attention().
 constexpr int kSplitTileQueries = 16;
 constexpr int64_t kSplitManyBlocks = 2048;
-
-// The fused merge's arrival counters, one array per stream: kernels of one stream run one after
-// another, and each leaves its counters at zero for the next. Zeroed once, on the stream, at
-// first use; kept for the life of the process (32 KiB a stream). Null when a launch needs more
-// tiles than that (or the allocation failed): the merge then runs as its own kernel.
-constexpr int64_t kCounterSlots = 8192;
-unsigned* split_counters(cudaStream_t s, int64_t tiles) {
-  if (tiles > kCounterSlots) return nullptr;
-  static std::mutex mu;
-  static std::unordered_map<cudaStream_t, unsigned*> by_stream;
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = by_stream.try_emplace(s, nullptr);
-  if (fresh) {
-    void* p = nullptr;
-    if (cudaMalloc(&p, kCounterSlots * sizeof(unsigned)) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    check(cudaMemsetAsync(p, 0, kCounterSlots * sizeof(unsigned), s), "attention", "zeroing the merge counters");
-    it->second = static_cast<unsigned*>(p);
-  }
-  return it->second;
-}
 
 // Whether the split path runs on the tensor cores: the kernel must exist as sm_80+ code in this
 // binary (an older PTX-only build has the mma compiled to a trap). Read once per process, so a
@@ -696,8 +632,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
   // 16-byte key loads need head_dim % 8 == 0 and 16-byte aligned rows and bases.
-  auto aligned = [](const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 8 == 0; };
-  const bool vec = head_dim % 8 == 0 && aligned(k, ldk) && aligned(v, ldv);
+  const bool vec = head_dim % 8 == 0 && rows_aligned16(k, ldk, 2) && rows_aligned16(v, ldv, 2);
   const auto* qp = static_cast<const __nv_bfloat16*>(q);
   const auto* kp = static_cast<const __nv_bfloat16*>(k);
   const auto* vp = static_cast<const __nv_bfloat16*>(v);
@@ -755,16 +690,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         rows = std::min(max_rows, rows * 2);
       a.rows_per_block = static_cast<int>(rows);
       const int64_t row_tiles = (T + rows - 1) / rows;
-      const int64_t tiles = row_tiles * a.head_tiles * hkv;
-      // The merge as its own launch, one thread per (row, head, 4 elements), beat the merge by
-      // each tile's last block (H200, Qwen3-8B shapes, 2026-11-29: DFlash step 6.79 against
-      // 7.35 ms; plain decode the same), whose one block merged a whole tile serially.
-      // DFLASH_ATTN_MERGE=fused keeps the in-kernel merge, to measure against.
-      static const bool fused_merge = [] {
-        const char* e = std::getenv("DFLASH_ATTN_MERGE");
-        return e && std::string(e) == "fused";
-      }();
-      a.counters = fused_merge ? split_counters(s, tiles) : nullptr;
       const int nq = a.rows_per_block * a.heads_per_block;
       const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
@@ -776,7 +701,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
       launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
-      if (a.counters) return;  // the kernel merged the chunks itself
     }
     const int64_t slices = T * hq * (D % 4 == 0 ? D / 4 : D);
     launch_kernel("attention", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(slices, 128),

@@ -239,12 +239,13 @@ class CudaBackend final : public Backend {
     skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight, stream_);
   }
 
-  // norm_matmul for decode and verification rows: the skinny kernel applies the norm (from a
-  // per-row inv_rms pre-pass) while it loads x, and the standalone rms_norm pass over x
-  // disappears. The normalised x is bit for bit what rms_norm would store, and the product then follows the plain skinny
-  // kernel's order, so the fused result equals the default composition and is batch invariant
-  // like it. Prefill (M > kSkinnyMaxRows), other dtypes, unaligned views and builds without
-  // tensor cores take the default composition. DFLASH_CUDA_FUSE=0 forces it (to measure).
+  // norm_matmul for decode and verification rows, opt-in (DFLASH_CUDA_FUSE=1): the skinny
+  // kernel applies the norm (from a per-row inv_rms pre-pass) while it loads x, and the
+  // standalone rms_norm pass over x disappears. The normalised x is bit for bit what rms_norm
+  // would store, and the product then follows the plain skinny kernel's order, so the fused
+  // result equals the default composition and is batch invariant like it. Prefill
+  // (M > kSkinnyMaxRows), other dtypes, unaligned views and builds without tensor cores take
+  // the default composition.
   void norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& y,
                    bool accumulate) override {
     const int64_t M = x.rows, N = w.rows, K = x.cols;
@@ -269,8 +270,8 @@ class CudaBackend final : public Backend {
 
   // Opt-in (DFLASH_CUDA_FUSE=1): on the H200 the fused kernel measured slower than the two
   // launches it replaces (doctor, 2026-11-29: norm_matmul 1x4096x24576 77 us against 67 us
-  // composed), since every block repeats the transform. Read once per process; both paths give the same bits, so it cannot split a row
-  // alone from the same row in a block.
+  // composed), since every block repeats the transform. Read once per process; both paths give
+  // the same bits, so it cannot split a row alone from the same row in a block.
   static bool fuse_enabled() {
     static const bool on = [] {
       const char* e = std::getenv("DFLASH_CUDA_FUSE");
@@ -292,6 +293,20 @@ class CudaBackend final : public Backend {
                    elem_of(y, "rms_norm"), x.rows, x.cols, group, eps, stream_);
   }
 
+  // Checks that every position lies in the table. Positions are nearly always a run (a prompt, a
+  // block): then they travel to the kernel as one number (positions[0]) and this returns null;
+  // otherwise they are uploaded.
+  std::shared_ptr<void> device_positions(const std::vector<int32_t>& positions, const RopeTable& table,
+                                         const char* op) {
+    bool consecutive = true;
+    for (size_t r = 0; r < positions.size(); ++r) {
+      if (positions[r] < 0 || positions[r] >= table.size())
+        throw Error(std::string("cuda ") + op + ": position " + std::to_string(positions[r]) + " outside the table");
+      consecutive = consecutive && positions[r] == positions[0] + int32_t(r);
+    }
+    return consecutive ? nullptr : upload_ints(positions, op);
+  }
+
   void rope(Tensor& x, const std::vector<int32_t>& positions, int64_t head_dim, const RopeTable& table) override {
     expect(x, DType::BF16, "rope", "x");
     if (static_cast<int64_t>(positions.size()) != x.rows)
@@ -299,19 +314,12 @@ class CudaBackend final : public Backend {
     if (head_dim % 2 || x.cols % head_dim || table.head_dim() != head_dim)
       throw Error("cuda rope: head_dim " + std::to_string(head_dim) + " for " + x.describe() + " and a table of " +
                   std::to_string(table.head_dim()));
-    bool consecutive = true;
-    for (size_t r = 0; r < positions.size(); ++r) {
-      if (positions[r] < 0 || positions[r] >= table.size()) throw Error("cuda rope: position outside the table");
-      consecutive = consecutive && positions[r] == positions[0] + int32_t(r);
-    }
+    const std::shared_ptr<void> dev_pos = device_positions(positions, table, "rope");
     if (x.rows == 0) return;
     OpTimer timer(prof_.get(), "rope", [&] {
       return std::to_string(x.rows) + "x" + std::to_string(x.cols / head_dim) + "x" + std::to_string(head_dim);
     });
     const RopeEntry& e = rope_table(table);
-    // Positions are nearly always a run (a prompt, a block): then they travel as one number.
-    std::shared_ptr<void> dev_pos;
-    if (!consecutive) dev_pos = upload_ints(positions, "rope");
     cuda::rope(x.data, x.ld, x.rows, x.cols / head_dim, head_dim, static_cast<const int32_t*>(dev_pos.get()),
                positions[0], static_cast<const float*>(e.cos.get()), static_cast<const float*>(e.sin.get()), stream_);
   }
@@ -338,19 +346,14 @@ class CudaBackend final : public Backend {
     if (static_cast<int64_t>(positions.size()) != T)
       throw Error(std::string("cuda ") + op + ": " + std::to_string(positions.size()) + " positions for " +
                   std::to_string(T) + " rows");
-    bool consecutive = true;
-    for (size_t r = 0; r < positions.size(); ++r) {
-      if (positions[r] < 0 || positions[r] >= table.size()) throw Error(std::string("cuda ") + op + ": position outside the table");
-      consecutive = consecutive && positions[r] == positions[0] + int32_t(r);
-    }
+    const std::shared_ptr<void> dev_pos = device_positions(positions, table, op);
     if (T == 0) return;
     const int64_t hq = q.empty() ? 0 : q.cols / head_dim, hkv = k.cols / head_dim;
     OpTimer timer(prof_.get(), op, [&] {
-      return std::to_string(T) + "x(" + std::to_string(hq) + "+2x" + std::to_string(hkv) + ")x" + std::to_string(head_dim);
+      return std::to_string(T) + "x(" + std::to_string(hq) + "+2x" + std::to_string(hkv) + ")x" +
+             std::to_string(head_dim);
     });
     const RopeEntry& e = rope_table(table);
-    std::shared_ptr<void> dev_pos;
-    if (!consecutive) dev_pos = upload_ints(positions, op);
     cuda::qk_norm_rope_store(q.data, q.ld, hq, k.data, k.ld, v.data, v.ld, hkv, q_norm.ptr<float>(),
                              k_norm.ptr<float>(), eps, T, head_dim, static_cast<const int32_t*>(dev_pos.get()),
                              positions[0], static_cast<const float*>(e.cos.get()),

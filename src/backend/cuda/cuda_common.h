@@ -25,9 +25,11 @@ inline void check_blas(cublasStatus_t s, const char* op, const char* what) {
                 cublasGetStatusString(s) + ")");
 }
 
-// After a launch: catches bad configurations at once (asynchronous faults surface at the next
-// synchronising call, which is checked too).
-inline void check_launch(const char* op) { check(cudaGetLastError(), op, "kernel launch"); }
+// Every row of a row-major view starts on a 16-byte boundary (the 16-byte vector loads' need):
+// an aligned base and a stride of whole 16-byte units.
+inline bool rows_aligned16(const void* p, int64_t ld, int elem_bytes) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * elem_bytes) % 16 == 0;
+}
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 

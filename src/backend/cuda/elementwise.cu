@@ -61,7 +61,6 @@ void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64
           static_cast<const In*>(gate_up), ld_gu, static_cast<Out*>(out), ldo, rows, inter);
     });
   });
-  check_launch("silu_mul");
 }
 
 void embed(const int32_t* ids, int64_t n, const void* table, int64_t ld_table, Elem table_elem, int64_t cols,
@@ -75,7 +74,6 @@ void embed(const int32_t* ids, int64_t n, const void* table, int64_t ld_table, E
           ids, n, static_cast<const In*>(table), ld_table, cols, static_cast<Out*>(out), ldo);
     });
   });
-  check_launch("embed");
 }
 
 void copy_convert(const void* src, int64_t lds, Elem src_elem, void* dst, int64_t ldd, Elem dst_elem, int64_t rows,
@@ -89,7 +87,6 @@ void copy_convert(const void* src, int64_t lds, Elem src_elem, void* dst, int64_
           static_cast<const In*>(src), lds, static_cast<Out*>(dst), ldd, rows, cols);
     });
   });
-  check_launch("copy");
 }
 
 void add(const void* x, int64_t ldx, Elem x_elem, void* y, int64_t ldy, Elem y_elem, int64_t rows, int64_t cols,
@@ -103,7 +100,6 @@ void add(const void* x, int64_t ldx, Elem x_elem, void* y, int64_t ldy, Elem y_e
           static_cast<const In*>(x), ldx, static_cast<Out*>(y), ldy, rows, cols);
     });
   });
-  check_launch("add");
 }
 
 }  // namespace dflash::cuda

@@ -72,7 +72,6 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
       static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
       static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
       static_cast<__nv_bfloat16*>(v_dst), ldvd);
-  check_launch("qk_norm_rope_store");
 }
 
 }  // namespace dflash::cuda

@@ -145,7 +145,6 @@ void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_ele
       });
     });
   });
-  check_launch("rms_norm");
 }
 
 bool rms_inv_supported(const void* x, int64_t ldx, int64_t cols) {
@@ -156,7 +155,6 @@ void rms_inv(const float* x, int64_t ldx, int64_t rows, int64_t cols, float eps,
   if (rows == 0) return;
   launch_kernel("rms_inv", rms_norm_vec_kernel<float, float, float, true>, static_cast<unsigned>(rows),
                 vec_threads(cols), 0, s, x, ldx, nullptr, nullptr, 0, 1, cols, eps, inv);
-  check_launch("rms_inv");
 }
 
 }  // namespace dflash::cuda

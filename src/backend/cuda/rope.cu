@@ -31,7 +31,6 @@ void rope(void* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim, c
   if (n == 0) return;
   launch_kernel("rope", rope_kernel, blocks_for(n, 256), 256, 0, s, static_cast<__nv_bfloat16*>(x), ldx, rows, heads,
                 head_dim, positions, pos0, cos, sin);
-  check_launch("rope");
 }
 
 }  // namespace dflash::cuda

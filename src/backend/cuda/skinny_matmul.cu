@@ -53,7 +53,7 @@ constexpr int kMinSliceChunks = 8;   // a K slice of at least 256 elements per w
 
 // What the kernel does to x on its way to the tensor cores (see skinny_matmul_norm in kernels.h).
 // Each yields, for a 16-byte unit of 8 elements, exactly the bf16 the standalone kernel would
-// have stored (rms_norm.cu, elementwise.cu), so a fused product equals the unfused one bit for
+// have stored (rms_norm.cu), so a fused product equals the unfused one bit for
 // bit and inherits its batch invariance.
 enum XForm : int {
   kPlain = 0,   // x bf16 as is
@@ -67,7 +67,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 // The transformed 16-byte unit `unit` (elements 8·unit … 8·unit+7) of row m of x.
 template <int XF>
-__device__ __forceinline__ uint4 load_x_unit(const void* __restrict__ x, int64_t ldx, int m, int64_t unit, int K,
+__device__ __forceinline__ uint4 load_x_unit(const void* __restrict__ x, int64_t ldx, int m, int64_t unit,
                                              const float* __restrict__ inv, const float* __restrict__ nw) {
   if constexpr (XF == kNorm) {
     const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + int64_t(m) * ldx) + 2 * unit;
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
               a[mt][h] = make_uint4(0, 0, 0, 0);
               if (mt * 16 + h * 8 < M) {
                 const int m = mt * 16 + h * 8 + g;
-                const uint4 v = load_x_unit<XF>(xv, ldx, xin[mt][h] ? m : 0, int64_t(4) * (c + u) + t, K, inv, nw);
+                const uint4 v = load_x_unit<XF>(xv, ldx, xin[mt][h] ? m : 0, int64_t(4) * (c + u) + t, inv, nw);
                 if (xin[mt][h]) a[mt][h] = v;
               }
             }
@@ -265,9 +265,9 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   const int64_t cols_per_warp = PAIR ? 8 : NT * 8;
   const int64_t groups = ((PAIR ? N / 2 : int64_t(N)) + cols_per_warp - 1) / cols_per_warp;
   const int G = kWarps / S;
-  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G), kWarps * 32,
-                0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M, N, K, S,
-                accumulate, inv, nw, w_uploaded);
+  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G),
+                kWarps * 32, 0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M,
+                N, K, S, accumulate, inv, nw, w_uploaded);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -309,12 +309,13 @@ void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* 
                   const MmaTiling& tl, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv,
                   const float* nw) {
   // One m16 tile for up to 16 rows, two beyond: a row's arithmetic is the same in either.
+  const int S = tl.S;
   if (M <= 16) {
-    if (tl.NT == 2) launch_mma<1, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, w_uploaded, s, inv, nw);
-    else launch_mma<1, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, w_uploaded, s, inv, nw);
+    if (tl.NT == 2) launch_mma<1, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
+    else launch_mma<1, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
   } else {
-    if (tl.NT == 2) launch_mma<2, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, w_uploaded, s, inv, nw);
-    else launch_mma<2, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, accumulate, w_uploaded, s, inv, nw);
+    if (tl.NT == 2) launch_mma<2, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
+    else launch_mma<2, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
   }
 }
 
@@ -563,8 +564,7 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   // Every decision here reads N, K, pointers and strides, never M (see the top of the file).
   // x's alignment is judged from its stride: a row sliced out of a block is aligned iff the
   // block is, so a row alone and in its block take the same path.
-  auto aligned = [](const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 8 == 0; };
-  const bool vec = K % 8 == 0 && aligned(x, ldx) && aligned(w, ldw);
+  const bool vec = K % 8 == 0 && rows_aligned16(x, ldx, 2) && rows_aligned16(w, ldw, 2);
   const MmaSettings& ms = mma_settings();
   const bool mma = vec && K % 32 == 0 && ms.enabled;
   const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots);
@@ -590,16 +590,11 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
       launch_tiled<32, Out>(x, ldx, w, ldw, y, ldy, M, N, K, accumulate, s);
     }
   });
-  check_launch("matmul (skinny)");
 }
 
 bool skinny_norm_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
-  if (!mma_settings().enabled || K % 32 != 0 || N <= 0) return false;
-  auto aligned = [](const void* p, int64_t ld, int per16) {
-    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % per16 == 0;
-  };
-  if (!aligned(w, ldw, 8)) return false;
-  return aligned(x, ldx, 4);  // x is f32 (4 per 16 bytes)
+  return mma_settings().enabled && K % 32 == 0 && N > 0 && rows_aligned16(w, ldw, 2) &&
+         rows_aligned16(x, ldx, 4);  // x is f32
 }
 
 void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
@@ -615,12 +610,11 @@ void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const 
     using Out = decltype(yi);
     dispatch_mma<Out, kNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, s, inv_rms, norm_w);
   });
-  check_launch("matmul (skinny, fused)");
 }
 
 bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
-  auto aligned = [](const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 8 == 0; };
-  return mma_settings().enabled && K % 32 == 0 && N > 0 && N % 2 == 0 && aligned(x, ldx) && aligned(w, ldw);
+  return mma_settings().enabled && K % 32 == 0 && N > 0 && N % 2 == 0 && rows_aligned16(x, ldx, 2) &&
+         rows_aligned16(w, ldw, 2);
 }
 
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
