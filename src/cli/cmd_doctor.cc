@@ -10,6 +10,7 @@
 // Without a GPU (or in a build without the CUDA backend) it says so and exits 0, so scripts
 // can run it anywhere; --require-gpu makes that exit 2 instead.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -622,6 +623,16 @@ int run_doctor(const DoctorArgs& a) {
     const double bw = cuda::copy_bandwidth(bytes);
     std::printf("device copy bandwidth: %.1f GB/s (bytes read + written; cudaMemcpy of %.1f GiB, best of 7)\n",
                 bw / 1e9, a.bandwidth_gib);
+    // Pure reads, as the decode step's products do them: one large launch, then launches of a
+    // gate/up-sized (192 MiB) and an o_proj-sized (32 MiB) weight back to back.
+    for (const size_t window : {bytes, size_t(192) << 20, size_t(32) << 20})
+      std::printf("device read bandwidth: %.1f GB/s (launches of %.0f MiB over %.1f GiB, best of 3)\n",
+                  cuda::read_bandwidth(window, bytes) / 1e9, double(window) / double(1 << 20), a.bandwidth_gib);
+    // The decode step's weights read in the skinny product's pattern (Qwen3-8B: gate/up, down, o).
+    for (const auto [N, K, S] : {std::array<int, 3>{24576, 4096, 1}, {24576, 4096, 4}, {4096, 12288, 8},
+                                 {4096, 4096, 8}, {4096, 4096, 4}})
+      std::printf("skinny-pattern read bandwidth: %.1f GB/s (w[%d, %d], %d K slices, 8 launches)\n",
+                  cuda::rows_read_bandwidth(N, K, S, 8) / 1e9, N, K, S);
   }
 #endif
   return d.failures() ? 1 : 0;

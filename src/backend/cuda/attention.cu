@@ -202,10 +202,12 @@ struct SplitArgs {
   __nv_bfloat16* out;
   int64_t ldo;
   int64_t kv_len, q_pos0, T;
+  int64_t kv_settled;  // keys 0 … kv_settled − 1: no kernel still running writes them
   int hq, group, D, D8, nc;
   int rows_per_block, heads_per_block, head_tiles;
   float scale_log2;
   bool causal, vec;
+  bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
 };
 
@@ -316,7 +318,7 @@ __device__ __forceinline__ void chunk_softmax(const SplitArgs& a, float* Ss, int
 // against the chunk's keys, written to part_ml / part_o. n_load > 0 keys of the chunk are
 // visible to the tile's last row.
 __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
-                                            int rows, int hg, int h_base, int64_t c0, int n_load) {
+                                            int rows, int hg, int h_base, int64_t c0, int n_load, bool staged) {
   const int D = a.D, D8 = a.D8, Dp = split_row_stride(D8);
   const int nq = rows * hg, nq4 = (nq + 3) / 4 * 4;
   auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -327,7 +329,7 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   const __nv_bfloat16* kb = a.k + c0 * a.ldk + int64_t(kvh) * D;
   const __nv_bfloat16* vb = a.v + c0 * a.ldv + int64_t(kvh) * D;
   if (a.vec) {  // D % 8 == 0, so D8 == D
-    stage_chunk_kv(a, Ks, Vs, Dp, kb, vb, n_load);
+    if (!staged) stage_chunk_kv(a, Ks, Vs, Dp, kb, vb, n_load);
   } else {
     // Zero padding up to D8: the score loop then reads whole 8-element groups.
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
@@ -413,7 +415,7 @@ __device__ __forceinline__ uint32_t bf16_pair_bits(__nv_bfloat162 v) { return *r
 // the output columns 8(w + 4i) … of every m16 tile.
 static_assert(kChunk == 16 * (kSplitThreads / 32), "split_chunk_mma: sixteen keys of the chunk per warp");
 __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
-                                                int rows, int hg, int h_base, int64_t c0, int n_load) {
+                                                int rows, int hg, int h_base, int64_t c0, int n_load, bool staged) {
   const int D = a.D, Dp = split_row_stride(a.D8);
   const int nq = rows * hg, mtiles = (nq + 15) / 16;
   auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -421,17 +423,26 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __nv_bfloat16* Qs = Vs + kChunk * Dp;
   auto* Ss = reinterpret_cast<float*>(Qs + mtiles * 16 * Dp);
 
-  stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
+  if (!staged) stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   const int segs = D / 8;
   // V rows past the loaded keys meet probabilities of exactly 0, which must not meet NaNs.
   for (int i = threadIdx.x; i < (kChunk - n_load) * segs; i += kSplitThreads) {
     const int j = n_load + i / segs, s8 = (i % segs) * 8;
     *reinterpret_cast<uint4*>(Vs + j * Dp + s8) = make_uint4(0, 0, 0, 0);
   }
-  const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
-  for (int i = threadIdx.x; i < mtiles * 16 * D; i += kSplitThreads) {
-    const int qv = i / D, d = i % D;
-    Qs[qv * Dp + d] = qv < nq ? a.q[(t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + d] : zero;
+  if (a.qvec) {
+    for (int i = threadIdx.x; i < mtiles * 16 * segs; i += kSplitThreads) {
+      const int qv = i / segs, s8 = (i % segs) * 8;
+      *reinterpret_cast<uint4*>(Qs + qv * Dp + s8) =
+          qv < nq ? *reinterpret_cast<const uint4*>(a.q + (t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + s8)
+                  : make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
+    for (int i = threadIdx.x; i < mtiles * 16 * D; i += kSplitThreads) {
+      const int qv = i / D, d = i % D;
+      Qs[qv * Dp + d] = qv < nq ? a.q[(t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + d] : zero;
+    }
   }
   cp_async_wait<1>();
   __syncthreads();
@@ -516,39 +527,6 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
 }
 
-// Merges the chunks of one (row, head) into out[d0 … d0 + V − 1] in chunk order:
-// out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), each element on its own, so V (a float4
-// load for four elements when D % 4 == 0) changes nothing in the numbers. The one arithmetic
-// of the merge. The partials are read through L2 (__ldcg): each is used once.
-template <int V>
-__device__ __forceinline__ void merge_chunks(const float2* ml, const float* po, __nv_bfloat16* out, int D, int n,
-                                             int d0) {
-  float M = -INFINITY;
-  for (int c = 0; c < n; ++c) M = fmaxf(M, __ldcg(&ml[c].x));
-  float num[V], den = 0.f;
-#pragma unroll
-  for (int e = 0; e < V; ++e) num[e] = 0.f;
-#pragma unroll 4
-  for (int c = 0; c < n; ++c) {
-    const float2 x = __ldcg(&ml[c]);
-    const float w = exp2f(x.x - M);
-    const float* src = po + int64_t(c) * D + d0;
-    if constexpr (V == 4) {
-      const float4 o = __ldcg(reinterpret_cast<const float4*>(src));
-      num[0] = fmaf(o.x, w, num[0]);
-      num[1] = fmaf(o.y, w, num[1]);
-      num[2] = fmaf(o.z, w, num[2]);
-      num[3] = fmaf(o.w, w, num[3]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < V; ++e) num[e] = fmaf(__ldcg(src + e), w, num[e]);
-    }
-    den = fmaf(x.y, w, den);
-  }
-#pragma unroll
-  for (int e = 0; e < V; ++e) out[d0 + e] = __float2bfloat16_rn(n > 0 ? num[e] / den : 0.f);
-}
-
 // One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
 __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -563,30 +541,104 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
   // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
   // past it (rows beyond kv_len among them) are never read.
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
+  // Keys no running kernel writes (those of earlier steps: the kernel ahead stores only this
+  // step's rows) are staged before the wait, so their trip from memory overlaps the kernel
+  // ahead instead of following it.
+  const bool staged = a.vec && n_load > 0 && c0 + n_load <= a.kv_settled;
+  if (staged) {
+    const int Dp = split_row_stride(a.D8);
+    auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
+    stage_chunk_kv(a, Ks, Ks + kChunk * Dp, Dp, a.k + c0 * a.ldk + int64_t(kvh) * a.D,
+                   a.v + c0 * a.ldv + int64_t(kvh) * a.D, n_load);
+  }
   grid_dependency_begin();
   if (n_load > 0) {
-    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load, staged);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load, staged);
   }
 }
 
-// The merge, after split_kernel: one thread per V-element slice of one (row, head), so every
-// pair merges at once. (Merging in split_kernel, by each tile's last block to finish, put a
-// whole tile's merge on one block: the DFlash step at Qwen3-8B shapes took 7.35 ms against
-// 6.79 with this launch, H200, 2026-11-29.)
+// The merge, after split_kernel: one warp per (row, head), lane l owning output elements
+// l·V … (V = 4 when D % 4 == 0) and, for the max, chunks l, l + 32, …:
+// out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), both sums in chunk order 0, 1, … (each chunk's
+// weight and sum broadcast from its lane), the max exact in any order. The chunks' outputs are
+// loaded before the max is known, so the merge costs about one trip to L2, not one per chunk.
+// The partials are read through L2 (__ldcg): each is used once. (Merging in split_kernel, by
+// each tile's last block to finish, put a whole tile's merge on one block: the DFlash step at
+// Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29.)
+constexpr int kMergeEarlyChunks = 16;
 template <int V>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   grid_dependency_begin();
-  const int per = a.D / V;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= a.T * a.hq * per) return;
-  const int64_t pair = i / per;  // t · hq + h
-  const int d0 = static_cast<int>(i % per) * V;
+  const int lane = threadIdx.x % 32;
+  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
+  if (pair >= a.T * a.hq) return;  // whole warps
   const int64_t t = pair / a.hq;
-  const int64_t visible = visible_keys(t, a.kv_len, a.q_pos0, a.causal);
-  const int n = static_cast<int>((visible + kChunk - 1) / kChunk);
-  merge_chunks<V>(a.part_ml + pair * a.nc, a.part_o + pair * a.nc * int64_t(a.D),
-                  a.out + t * a.ldo + int64_t(pair % a.hq) * a.D, a.D, n, d0);
+  const int n = static_cast<int>((visible_keys(t, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
+  const float2* ml = a.part_ml + pair * a.nc;
+  const float* po = a.part_o + pair * a.nc * int64_t(a.D);
+  __nv_bfloat16* out = a.out + t * a.ldo + int64_t(pair % a.hq) * a.D;
+  const float2 first = lane < n ? __ldcg(&ml[lane]) : make_float2(-INFINITY, 0.f);
+  for (int base = 0; base < a.D; base += 32 * V) {  // warp-uniform
+    const int d0 = base + lane * V;
+    const bool live = d0 < a.D;  // D % V == 0
+    float early[kMergeEarlyChunks][V];
+#pragma unroll
+    for (int c = 0; c < kMergeEarlyChunks; ++c)
+      if (c < n && live) {
+        if constexpr (V == 4) {
+          const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(c) * a.D + d0));
+          early[c][0] = o.x;
+          early[c][1] = o.y;
+          early[c][2] = o.z;
+          early[c][3] = o.w;
+        } else {
+          early[c][0] = __ldcg(po + int64_t(c) * a.D + d0);
+        }
+      }
+    float M = first.x;
+    for (int c = lane + 32; c < n; c += 32) M = fmaxf(M, __ldcg(&ml[c].x));
+    M = warp_max(M);
+    float num[V], den = 0.f;
+#pragma unroll
+    for (int e = 0; e < V; ++e) num[e] = 0.f;
+    float2 x = first;  // chunks cb … cb + 31: lane l holds chunk cb + l's (max, sum)
+    float w_lane = lane < n ? exp2f(x.x - M) : 0.f;
+#pragma unroll
+    for (int c = 0; c < kMergeEarlyChunks; ++c) {
+      if (c >= n) break;  // warp-uniform
+      const float w = __shfl_sync(0xffffffffu, w_lane, c), l = __shfl_sync(0xffffffffu, x.y, c);
+      if (live) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) num[e] = fmaf(early[c][e], w, num[e]);
+      }
+      den = fmaf(l, w, den);
+    }
+    for (int c = kMergeEarlyChunks; c < n; ++c) {
+      if (c % 32 == 0) {
+        x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
+        w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;
+      }
+      const float w = __shfl_sync(0xffffffffu, w_lane, c % 32), l = __shfl_sync(0xffffffffu, x.y, c % 32);
+      if (live) {
+        const float* src = po + int64_t(c) * a.D + d0;
+        if constexpr (V == 4) {
+          const float4 o = __ldcg(reinterpret_cast<const float4*>(src));
+          num[0] = fmaf(o.x, w, num[0]);
+          num[1] = fmaf(o.y, w, num[1]);
+          num[2] = fmaf(o.z, w, num[2]);
+          num[3] = fmaf(o.w, w, num[3]);
+        } else {
+          num[0] = fmaf(__ldcg(src), w, num[0]);
+        }
+      }
+      den = fmaf(l, w, den);
+    }
+    if (live) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) out[d0 + e] = __float2bfloat16_rn(n > 0 ? num[e] / den : 0.f);
+    }
+  }
 }
 
 // Split tiles hold about this many queries (rows × heads); see attention().
@@ -627,7 +679,7 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, cudaStream_t s) {
+               bool causal, int64_t kv_settled, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -656,6 +708,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     a.out = op;
     a.ldo = ldo;
     a.kv_len = kv_len;
+    a.kv_settled = kv_settled;
     a.q_pos0 = q_pos0;
     a.T = T;
     a.hq = static_cast<int>(hq);
@@ -666,6 +719,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     a.scale_log2 = scale_log2;
     a.causal = causal;
     a.vec = vec;
+    a.qvec = D % 8 == 0 && rows_aligned16(q, ldq, 2);
     a.mma = vec && D % 16 == 0 && split_mma_enabled();
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
@@ -702,8 +756,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                       static_cast<unsigned>(row_tiles * a.head_tiles));
       launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
     }
-    const int64_t slices = T * hq * (D % 4 == 0 ? D / 4 : D);
-    launch_kernel("attention", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(slices, 128),
+    launch_kernel("attention", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
                   128, 0, s, a);
     return;
   }

@@ -95,7 +95,7 @@ template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const void* __restrict__ xv, int64_t ldx, const __nv_bfloat16* __restrict__ w, int64_t ldw,
                       Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const float* __restrict__ inv, const float* __restrict__ nw, bool w_uploaded) {
+                      const float* __restrict__ inv, const float* __restrict__ nw, int early) {
   const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(xv);
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -141,12 +141,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
     }
   };
-  // An uploaded weight is never written by a kernel, so its first batch may be in flight
-  // while the kernel before this one finishes (launch.cuh); anything else waits first.
+  // An uploaded weight is never written by a kernel, so its first `early` batches (0: not an
+  // uploaded weight) may be in flight while the kernel before this one finishes (launch.cuh);
+  // anything else waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
-  if (w_uploaded && active) load(cur, c_begin);
+  // (Two batches only with two n8 tiles: the one-tile kernel, U = 8, has no registers to spare.)
+  const bool next_early = NT == 2 && early >= 2 && active && c_begin + U < c_end;
+  if (early >= 1 && active) load(cur, c_begin);
+  if (next_early) load(next, c_begin + U);
   grid_dependency_begin();
-  if (!w_uploaded && active) load(cur, c_begin);
+  if (early == 0 && active) load(cur, c_begin);
 
   if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
@@ -161,7 +165,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       }
 
     for (int c = c_begin; c < c_end; c += U) {
-      if (c + U < c_end) load(next, c + U);
+      if (c + U < c_end && !(next_early && c == c_begin)) load(next, c + U);
       if constexpr (XF != kPlain) {
         // Transformed x, one step at a time. A half tile (8 rows) with no row below M is
         // skipped as a whole (warp-uniform), so one row costs one half's transform; lanes of
@@ -258,6 +262,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
+// Weight batches a product of an uploaded weight loads before its grid dependency wait: 1, or 2
+// with DFLASH_SKINNY_EARLY=2 (measuring).
+int early_batches(bool w_uploaded) {
+  static const int n = [] {
+    const char* e = std::getenv("DFLASH_SKINNY_EARLY");
+    return e && std::atoi(e) >= 0 && std::atoi(e) <= 2 ? std::atoi(e) : 1;
+  }();
+  return w_uploaded ? n : 0;
+}
+
 template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv = nullptr,
@@ -267,7 +281,7 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   const int G = kWarps / S;
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G),
                 kWarps * 32, 0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M,
-                N, K, S, accumulate, inv, nw, w_uploaded);
+                N, K, S, accumulate, inv, nw, early_batches(w_uploaded));
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
