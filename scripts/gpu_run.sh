@@ -101,7 +101,7 @@ fi
 
 if has doctor; then
   step "dflash doctor"
-  timeout 150 "$BUILD/dflash" doctor --require-gpu --bandwidth-gib 4 --model models/qwen3-pycode-15m --model testdata/tiny/qwen3-yarn-bf16 2>&1 | tee "$OUT/doctor.txt"
+  timeout 200 "$BUILD/dflash" doctor --require-gpu --bandwidth-gib 4 ${DOCTOR_ARGS:-} --model models/qwen3-pycode-15m --model testdata/tiny/qwen3-yarn-bf16 2>&1 | tee "$OUT/doctor.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 

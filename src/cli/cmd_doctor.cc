@@ -36,6 +36,7 @@ struct DoctorArgs {
   bool quick = false;
   bool self_test = false;  // the CPU backend against itself: checks this harness without a GPU
   double bandwidth_gib = 2.0;
+  bool bandwidth_sweep = false;
   uint64_t seed = 0;
   std::vector<std::string> models;  // whole-model checks: logits of a prefill and decode steps
 };
@@ -628,11 +629,16 @@ int run_doctor(const DoctorArgs& a) {
     for (const size_t window : {bytes, size_t(192) << 20, size_t(32) << 20})
       std::printf("device read bandwidth: %.1f GB/s (launches of %.0f MiB over %.1f GiB, best of 3)\n",
                   cuda::read_bandwidth(window, bytes) / 1e9, double(window) / double(1 << 20), a.bandwidth_gib);
-    // The decode step's weights read in the skinny product's pattern (Qwen3-8B: gate/up, down, o).
-    for (const auto [N, K, S] : {std::array<int, 3>{24576, 4096, 1}, {24576, 4096, 4}, {4096, 12288, 8},
-                                 {4096, 4096, 8}, {4096, 4096, 4}})
-      std::printf("skinny-pattern read bandwidth: %.1f GB/s (w[%d, %d], %d K slices, 8 launches)\n",
-                  cuda::rows_read_bandwidth(N, K, S, 8) / 1e9, N, K, S);
+    // The decode step's weights read in the skinny product's pattern and variants of it (Qwen3-8B:
+    // gate/up, down, o): which way of streaming a weight a product should use.
+    if (a.bandwidth_sweep)
+      for (const auto [N, K, S] : {std::array<int, 3>{24576, 4096, 1}, {24576, 4096, 4}, {4096, 12288, 4},
+                                   {4096, 4096, 4}, {4096, 4096, 2}})
+        for (int variant = 0; variant < 6; ++variant) {
+          const int s = variant >= 3 ? std::min(S, 4) : S;
+          std::printf("pattern %d read bandwidth: %.1f GB/s (w[%d, %d], %d K slices, 8 launches)\n", variant,
+                      cuda::rows_read_bandwidth(N, K, s, 8, variant) / 1e9, N, K, s);
+        }
   }
 #endif
   return d.failures() ? 1 : 0;
@@ -642,6 +648,8 @@ RegisterCommand reg("doctor", "Check every CUDA op against the CPU backend on ra
                     [](CLI::App& sub) -> std::function<int()> {
   auto a = std::make_shared<DoctorArgs>();
   sub.add_flag("--require-gpu", a->require_gpu, "Exit 2 when no GPU is visible (default: say so, exit 0)");
+  sub.add_flag("--bandwidth-sweep", a->bandwidth_sweep,
+               "Also time reading Qwen3-8B-sized weights in the skinny product's pattern and variants");
   sub.add_flag("--quick", a->quick, "Skip the largest cases and time fewer repetitions");
   sub.add_flag("--self-test", a->self_test, "Run the CPU backend against itself (tests the doctor, not a GPU)");
   sub.add_option("--bandwidth-gib", a->bandwidth_gib, "Size of the device copy-bandwidth test (0: skip)");

@@ -756,7 +756,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                       static_cast<unsigned>(row_tiles * a.head_tiles));
       launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
     }
-    launch_kernel("attention", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
+    launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
                   128, 0, s, a);
     return;
   }

@@ -32,26 +32,28 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4* __restrict__ p, 
 }
 
 // The skinny product's access pattern without its arithmetic (skinny_matmul.cu): a warp owns
-// 16 rows of a [N, K] bf16 matrix and a K slice of 1/S, lane (g, t) reads 16 bytes of rows g and
-// g + 8 at unit t + 4c of chunk c, four chunks a batch, the next batch issued before the
-// current one is used. What streaming a weight this way can reach, beside read_kernel's.
+// R (8 or 16) rows of a [N, K] bf16 matrix and a K slice of 1/S; lane (g, t) reads 16 bytes of
+// rows g (and g + 8) at unit t + 4c of chunk c, U chunks a batch, the next batch issued before
+// the current one is used. What streaming a weight this way can reach, beside read_kernel's.
+template <int R, int U>
 __global__ void __launch_bounds__(256, 2) rows_kernel(const char* __restrict__ w, int N, int K, int S,
                                                       unsigned* sink) {
-  constexpr int U = 4;
+  constexpr int H = R / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int G = 8 / S, group = warp % G, slice = warp / G;
-  const int64_t n0 = (int64_t(blockIdx.x) * G + group) * 16;
+  const int64_t n0 = (int64_t(blockIdx.x) * G + group) * R;
   if (n0 >= N) return;
   const int chunks = K / 32, c_begin = slice * chunks / S, c_end = (slice + 1) * chunks / S;
-  const uint4* r0 = reinterpret_cast<const uint4*>(w + (n0 + g) * int64_t(K) * 2) + t;
-  const uint4* r1 = reinterpret_cast<const uint4*>(w + (n0 + 8 + g) * int64_t(K) * 2) + t;
-  uint4 cur[U][2], next[U][2];
-  auto load = [&](uint4 (&d)[U][2], int c) {
+  const uint4* row[H];
+#pragma unroll
+  for (int h = 0; h < H; ++h) row[h] = reinterpret_cast<const uint4*>(w + (n0 + 8 * h + g) * int64_t(K) * 2) + t;
+  uint4 cur[U][H], next[U][H];
+  auto load = [&](uint4 (&d)[U][H], int c) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = min(c + u, c_end - 1);
-      d[u][0] = ld_stream_16(r0 + 4 * cu);
-      d[u][1] = ld_stream_16(r1 + 4 * cu);
+#pragma unroll
+      for (int h = 0; h < H; ++h) d[u][h] = ld_stream_16(row[h] + 4 * cu);
     }
   };
   uint32_t acc = 0;
@@ -59,19 +61,81 @@ __global__ void __launch_bounds__(256, 2) rows_kernel(const char* __restrict__ w
   for (int c = c_begin; c < c_end; c += U) {
     if (c + U < c_end) load(next, c + U);
 #pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= cur[u][0].x ^ cur[u][1].y ^ cur[u][0].z ^ cur[u][1].w;
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      cur[u][0] = next[u][0];
-      cur[u][1] = next[u][1];
-    }
+      for (int h = 0; h < H; ++h) acc ^= cur[u][h].x ^ cur[u][h].y ^ cur[u][h].z ^ cur[u][h].w;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int h = 0; h < H; ++h) cur[u][h] = next[u][h];
   }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+__device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
+// The same weight streamed through shared memory: a warp owns 16 rows and a K slice; each
+// stage copies U chunks of its 16 rows with cp.async, each instruction covering whole
+// 64·U-byte row segments (coalesced), STAGES stages in flight; the lanes then read their
+// 16-byte pieces back as the tensor-core fragments would be read. 4 warps a block.
+template <int U, int STAGES>
+__global__ void __launch_bounds__(128) rows_smem_kernel(const char* __restrict__ w, int N, int K, int S,
+                                                        unsigned* sink) {
+  constexpr int kRowBytes = 64 * U, kPad = 16, kStride = kRowBytes + kPad, kStage = 16 * kStride;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int G = 4 / S, group = warp % G, slice = warp / G;
+  unsigned char* buf = smem_raw + warp * STAGES * kStage;
+  const int64_t n0 = (int64_t(blockIdx.x) * G + group) * 16;
+  if (n0 >= N) return;
+  const int chunks = K / 32, c_begin = slice * chunks / S, c_end = (slice + 1) * chunks / S;
+  const char* base = w + n0 * int64_t(K) * 2;
+  constexpr int kUnitsPerRow = kRowBytes / 16, kRowsPerInstr = 32 / kUnitsPerRow > 0 ? 32 / kUnitsPerRow : 1;
+  auto issue = [&](int c, int stage) {
+    unsigned char* dst = buf + stage * kStage;
+    for (int i = lane; i < 16 * kUnitsPerRow; i += 32) {
+      const int r = i / kUnitsPerRow, u = i % kUnitsPerRow;
+      const int64_t off = int64_t(r) * K * 2 + int64_t(c) * 64 + u * 16;
+      const bool in = c * 64 + u * 16 < c_end * 64;  // past the slice: re-read its start
+      cp_async16_cg(dst + r * kStride + u * 16, base + (in ? off : int64_t(r) * K * 2 + int64_t(c_begin) * 64));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  (void)kRowsPerInstr;
+  uint32_t acc = 0;
+  int issued = c_begin;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    issue(issued, s);
+    issued += U;
+  }
+  int stage = 0;
+  for (int c = c_begin; c < c_end; c += U) {
+    issue(issued, (stage + STAGES - 1) % STAGES);
+    issued += U;
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1) : "memory");
+    __syncwarp();
+    const unsigned char* src = buf + stage * kStage;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src + (8 * h + g) * kStride + (4 * u + t) * 16);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+    __syncwarp();
+    stage = (stage + 1) % STAGES;
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
 }  // namespace
 
-double rows_read_bandwidth(int N, int K, int S, int launches) {
+double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
   const size_t bytes = size_t(N) * size_t(K) * 2;
   void* buf = nullptr;
   unsigned* sink = nullptr;
@@ -81,12 +145,35 @@ double rows_read_bandwidth(int N, int K, int S, int launches) {
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
   check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
-  const unsigned blocks = unsigned((N / 16 + 8 / S - 1) / (8 / S));
+  auto launch = [&](const char* w) {
+    switch (variant) {
+      case 0: rows_kernel<16, 4><<<unsigned((N / 16 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
+      case 1: rows_kernel<8, 8><<<unsigned((N / 8 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
+      case 2: rows_kernel<8, 4><<<unsigned((N / 8 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
+      case 3: {
+        constexpr size_t smem = 4 * 3 * 16 * (64 * 4 + 16);
+        cudaFuncSetAttribute(rows_smem_kernel<4, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        rows_smem_kernel<4, 3><<<unsigned((N / 16 + 4 / S - 1) / (4 / S)), 128, smem>>>(w, N, K, S, sink);
+        break;
+      }
+      case 4: {
+        constexpr size_t smem = 4 * 3 * 16 * (64 * 8 + 16);
+        cudaFuncSetAttribute(rows_smem_kernel<8, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        rows_smem_kernel<8, 3><<<unsigned((N / 16 + 4 / S - 1) / (4 / S)), 128, smem>>>(w, N, K, S, sink);
+        break;
+      }
+      default: {
+        constexpr size_t smem = 4 * 4 * 16 * (64 * 4 + 16);
+        cudaFuncSetAttribute(rows_smem_kernel<4, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        rows_smem_kernel<4, 4><<<unsigned((N / 16 + 4 / S - 1) / (4 / S)), 128, smem>>>(w, N, K, S, sink);
+        break;
+      }
+    }
+  };
   double best = 0;
   for (int rep = 0; rep < 4; ++rep) {
     check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
-    for (int l = 0; l < launches; ++l)
-      rows_kernel<<<blocks, 256>>>(static_cast<const char*>(buf) + size_t(l) * bytes, N, K, S, sink);
+    for (int l = 0; l < launches; ++l) launch(static_cast<const char*>(buf) + size_t(l) * bytes);
     check(cudaGetLastError(), "bandwidth", "rows kernel launch");
     check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
     check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");

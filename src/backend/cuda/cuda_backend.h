@@ -14,8 +14,11 @@ double copy_bandwidth(size_t bytes);
 // Read-only streaming bandwidth (bytes read per second): `total` bytes read in launches of
 // `window` bytes each, back to back, every launch reading memory no earlier one touched.
 double read_bandwidth(size_t window, size_t total);
-// The same, reading an [N, K] bf16 matrix the way the skinny product does (16 rows and 1/S of K
-// a warp), `launches` matrices back to back.
-double rows_read_bandwidth(int N, int K, int S, int launches);
+// The same, reading an [N, K] bf16 matrix the way the skinny product does (rows and 1/S of K a
+// warp), `launches` matrices back to back. variant: 0 16 rows, 4 chunks a batch (the kernel's
+// two-tile pattern); 1 8 rows, 8 chunks (its one-tile pattern); 2 8 rows, 4 chunks; 3, 4, 5
+// through shared memory with coalesced cp.async (4 chunks 3 stages, 8 chunks 3 stages, 4
+// chunks 4 stages; 4-warp blocks).
+double rows_read_bandwidth(int N, int K, int S, int launches, int variant);
 
 }  // namespace dflash::cuda

@@ -293,11 +293,12 @@ struct MmaTiling {
 // target. Measured on the H200 (doctor, 2026-11-29), the gate/up product (N = 24576) ran 10 %
 // slower with 2 slices (384 blocks: 1.45 waves of 264 block slots) than with 1 or 4 (0.73 and
 // 2.9 waves), and the 4096-row products were fastest at 8 slices (0.97 waves).
-MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
+MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots, int force_nt = 0) {
   MmaTiling m;
   // Two n8 tiles per warp once there are rows enough to fill the GPU that way; then as many K
   // slices per block as it takes to reach the target warp count, while slices stay long.
   m.NT = (int64_t(N) + 15) / 16 * kWarps >= target_warps ? 2 : 1;
+  if (force_nt) m.NT = force_nt;
   const int64_t groups = (int64_t(N) + m.NT * 8 - 1) / (m.NT * 8);
   if (block_slots <= 0) {
     while (m.S < kWarps && groups * m.S < target_warps && K / 32 >= 2 * m.S * kMinSliceChunks) m.S *= 2;
@@ -343,6 +344,7 @@ struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
+  int force_nt = 0;         // DFLASH_SKINNY_NT=1|2 (measuring): n8 tiles per warp of the plain products
 };
 
 const MmaSettings& mma_settings() {
@@ -360,6 +362,8 @@ const MmaSettings& mma_settings() {
       m.block_slots = int64_t(sms) * 2;  // 8-warp blocks, two per SM (16 warps)
     else
       (void)cudaGetLastError();
+    if (const char* e = std::getenv("DFLASH_SKINNY_NT"); e && (std::atoi(e) == 1 || std::atoi(e) == 2))
+      m.force_nt = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) {
       m.target_warps = std::atoll(e);
       m.block_slots = 0;
@@ -581,7 +585,7 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   const bool vec = K % 8 == 0 && rows_aligned16(x, ldx, 2) && rows_aligned16(w, ldw, 2);
   const MmaSettings& ms = mma_settings();
   const bool mma = vec && K % 32 == 0 && ms.enabled;
-  const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots);
+  const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots, ms.force_nt);
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
     if (mma) {
