@@ -13,19 +13,21 @@ namespace {
 
 // Every 16-byte unit of p[0, n) read once, four loads in flight per thread; the xor of what was
 // read goes to `sink` only in the never-taken case, so the loads stay.
+template <int F, int UNROLL>
 __global__ void __launch_bounds__(256) read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* sink) {
+  const uint64_t policy = F == 3 ? evict_first_policy() : 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   uint32_t acc = 0;
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    uint4 v[4];
+  for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+    uint4 v[UNROLL];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = ld_stream_16(p + i + u * stride);
+    for (int u = 0; u < UNROLL; ++u) v[u] = load16<F>(p + i + u * stride, policy);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   for (; i < n; i += stride) {
-    const uint4 v = ld_stream_16(p + i);
+    const uint4 v = load16<F>(p + i, policy);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) *sink = acc;
@@ -35,10 +37,11 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4* __restrict__ p, 
 // R (8 or 16) rows of a [N, K] bf16 matrix and a K slice of 1/S; lane (g, t) reads 16 bytes of
 // rows g (and g + 8) at unit t + 4c of chunk c, U chunks a batch, the next batch issued before
 // the current one is used. What streaming a weight this way can reach, beside read_kernel's.
-template <int R, int U>
+template <int R, int U, int F = 0>
 __global__ void __launch_bounds__(256, 2) rows_kernel(const char* __restrict__ w, int N, int K, int S,
                                                       unsigned* sink) {
   constexpr int H = R / 8;
+  const uint64_t policy = F == 3 ? evict_first_policy() : 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int G = 8 / S, group = warp % G, slice = warp / G;
   const int64_t n0 = (int64_t(blockIdx.x) * G + group) * R;
@@ -53,7 +56,7 @@ __global__ void __launch_bounds__(256, 2) rows_kernel(const char* __restrict__ w
     for (int u = 0; u < U; ++u) {
       const int cu = min(c + u, c_end - 1);
 #pragma unroll
-      for (int h = 0; h < H; ++h) d[u][h] = ld_stream_16(row[h] + 4 * cu);
+      for (int h = 0; h < H; ++h) d[u][h] = load16<F>(row[h] + 4 * cu, policy);
     }
   };
   uint32_t acc = 0;
@@ -162,6 +165,9 @@ double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
         rows_smem_kernel<8, 3><<<unsigned((N / 16 + 4 / S - 1) / (4 / S)), 128, smem>>>(w, N, K, S, sink);
         break;
       }
+      case 6: rows_kernel<16, 4, 1><<<unsigned((N / 16 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
+      case 7: rows_kernel<16, 4, 2><<<unsigned((N / 16 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
+      case 8: rows_kernel<16, 4, 3><<<unsigned((N / 16 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
       default: {
         constexpr size_t smem = 4 * 4 * 16 * (64 * 4 + 16);
         cudaFuncSetAttribute(rows_smem_kernel<4, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -188,7 +194,7 @@ double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
   return best;
 }
 
-double read_bandwidth(size_t window, size_t total) {
+double read_bandwidth(size_t window, size_t total, int flavour, int unroll, int blocks_per_sm) {
   window = std::max<size_t>(window / 16 * 16, 16);
   total = std::max(total / window, size_t(1)) * window;
   void* buf = nullptr;
@@ -207,9 +213,22 @@ double read_bandwidth(size_t window, size_t total) {
   for (int rep = 0; rep < 4; ++rep) {
     // Each launch reads the next window, so a window smaller than L2 is still read from memory.
     check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
-    for (size_t w = 0; w < windows; ++w)
-      read_kernel<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(static_cast<char*>(buf) + w * window),
-                                    int64_t(window / 16), sink);
+    for (size_t w = 0; w < windows; ++w) {
+      const auto* p = reinterpret_cast<const uint4*>(static_cast<char*>(buf) + w * window);
+      const unsigned blocks = unsigned(sms * blocks_per_sm);
+      const int64_t n = int64_t(window / 16);
+      if (unroll == 8) {
+        read_kernel<0, 8><<<blocks, 256>>>(p, n, sink);
+      } else if (flavour == 1) {
+        read_kernel<1, 4><<<blocks, 256>>>(p, n, sink);
+      } else if (flavour == 2) {
+        read_kernel<2, 4><<<blocks, 256>>>(p, n, sink);
+      } else if (flavour == 3) {
+        read_kernel<3, 4><<<blocks, 256>>>(p, n, sink);
+      } else {
+        read_kernel<0, 4><<<blocks, 256>>>(p, n, sink);
+      }
+    }
     check(cudaGetLastError(), "bandwidth", "read kernel launch");
     check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
     check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");

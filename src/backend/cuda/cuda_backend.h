@@ -13,12 +13,16 @@ std::string device_summary();
 double copy_bandwidth(size_t bytes);
 // Read-only streaming bandwidth (bytes read per second): `total` bytes read in launches of
 // `window` bytes each, back to back, every launch reading memory no earlier one touched.
-double read_bandwidth(size_t window, size_t total);
+// flavour: 0 the products' 16-byte load (read-only, no L1 allocation, 256-byte L2 prefetch), 1
+// without the prefetch, 2 a plain read-only load, 3 with an evict-first L2 policy; `unroll`
+// (4 or 8) loads in flight per thread; blocks_per_sm blocks of 256 threads per SM.
+double read_bandwidth(size_t window, size_t total, int flavour = 0, int unroll = 4, int blocks_per_sm = 8);
 // The same, reading an [N, K] bf16 matrix the way the skinny product does (rows and 1/S of K a
 // warp), `launches` matrices back to back. variant: 0 16 rows, 4 chunks a batch (the kernel's
 // two-tile pattern); 1 8 rows, 8 chunks (its one-tile pattern); 2 8 rows, 4 chunks; 3, 4, 5
 // through shared memory with coalesced cp.async (4 chunks 3 stages, 8 chunks 3 stages, 4
-// chunks 4 stages; 4-warp blocks).
+// chunks 4 stages; 4-warp blocks); 6, 7, 8 variant 0 with the load flavours 1, 2, 3 of
+// read_bandwidth.
 double rows_read_bandwidth(int N, int K, int S, int launches, int variant);
 
 }  // namespace dflash::cuda

@@ -91,7 +91,7 @@ __device__ __forceinline__ uint4 load_x_unit(const void* __restrict__ x, int64_t
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
+template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false, int LF = 0>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const void* __restrict__ xv, int64_t ldx, const __nv_bfloat16* __restrict__ w, int64_t ldw,
                       Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
@@ -132,13 +132,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
   const int c_last = c_end - 1;
+  const uint64_t policy = LF == 3 ? evict_first_policy() : 0;
   uint4 cur[U][NT], next[U][NT];
   auto load = [&](uint4 (&dst)[U][NT], int c) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = c + u < c_last ? c + u : c_last;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = load16<LF>(wrow[nt] + 4 * cu, policy);
     }
   };
   // An uploaded weight is never written by a kernel, so its first `early` batches (0: not an
@@ -272,6 +273,15 @@ int early_batches(bool w_uploaded) {
   return w_uploaded ? n : 0;
 }
 
+// The weight load's flavour (device_util.cuh load16): DFLASH_SKINNY_LOAD=0 (default), 1 or 3.
+int load_flavour() {
+  static const int f = [] {
+    const char* e = std::getenv("DFLASH_SKINNY_LOAD");
+    return e && (std::atoi(e) == 1 || std::atoi(e) == 3) ? std::atoi(e) : 0;
+  }();
+  return f;
+}
+
 template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv = nullptr,
@@ -279,9 +289,16 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   const int64_t cols_per_warp = PAIR ? 8 : NT * 8;
   const int64_t groups = ((PAIR ? N / 2 : int64_t(N)) + cols_per_warp - 1) / cols_per_warp;
   const int G = kWarps / S;
-  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G),
-                kWarps * 32, 0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M,
-                N, K, S, accumulate, inv, nw, early_batches(w_uploaded));
+  auto go = [&](auto kernel) {
+    launch_kernel("matmul (skinny)", kernel, unsigned((groups + G - 1) / G), kWarps * 32, 0, s, x, ldx,
+                  static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, inv,
+                  nw, early_batches(w_uploaded));
+  };
+  if constexpr (XF == kPlain) {
+    if (load_flavour() == 1) return go(skinny_mma_kernel<MT, NT, Out, XF, PAIR, 1>);
+    if (load_flavour() == 3) return go(skinny_mma_kernel<MT, NT, Out, XF, PAIR, 3>);
+  }
+  go(skinny_mma_kernel<MT, NT, Out, XF, PAIR, 0>);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
