@@ -8,7 +8,7 @@
 //   16 queries: 4 rows × 4 heads for Qwen3-8B) so the grid has many blocks; other row tiles
 //   re-read the chunk from L2. Each block writes, per (row, head, chunk), the chunk's max score,
 //   its sum of exp2 and the unnormalised output in f32 scratch; a second launch merges the
-//   chunks of each (row, head) in chunk order, one thread per four output elements.
+//   chunks of each (row, head) in chunk order, one warp per (row, head).
 //   A chunk's scores and P·V run on the tensor cores (split_chunk_mma) where the build and the
 //   head size allow, on CUDA cores otherwise (split_chunk); a process uses one of the two.
 // - Larger T (prefill): one block of kWarps warps per (query row, head), below.
@@ -202,7 +202,6 @@ struct SplitArgs {
   __nv_bfloat16* out;
   int64_t ldo;
   int64_t kv_len, q_pos0, T;
-  int64_t kv_settled;  // keys 0 … kv_settled − 1: no kernel still running writes them
   int hq, group, D, D8, nc;
   int rows_per_block, heads_per_block, head_tiles;
   float scale_log2;
@@ -318,7 +317,7 @@ __device__ __forceinline__ void chunk_softmax(const SplitArgs& a, float* Ss, int
 // against the chunk's keys, written to part_ml / part_o. n_load > 0 keys of the chunk are
 // visible to the tile's last row.
 __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
-                                            int rows, int hg, int h_base, int64_t c0, int n_load, bool staged) {
+                                            int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, D8 = a.D8, Dp = split_row_stride(D8);
   const int nq = rows * hg, nq4 = (nq + 3) / 4 * 4;
   auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -329,7 +328,7 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   const __nv_bfloat16* kb = a.k + c0 * a.ldk + int64_t(kvh) * D;
   const __nv_bfloat16* vb = a.v + c0 * a.ldv + int64_t(kvh) * D;
   if (a.vec) {  // D % 8 == 0, so D8 == D
-    if (!staged) stage_chunk_kv(a, Ks, Vs, Dp, kb, vb, n_load);
+    stage_chunk_kv(a, Ks, Vs, Dp, kb, vb, n_load);
   } else {
     // Zero padding up to D8: the score loop then reads whole 8-element groups.
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
@@ -415,7 +414,7 @@ __device__ __forceinline__ uint32_t bf16_pair_bits(__nv_bfloat162 v) { return *r
 // the output columns 8(w + 4i) … of every m16 tile.
 static_assert(kChunk == 16 * (kSplitThreads / 32), "split_chunk_mma: sixteen keys of the chunk per warp");
 __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
-                                                int rows, int hg, int h_base, int64_t c0, int n_load, bool staged) {
+                                                int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, Dp = split_row_stride(a.D8);
   const int nq = rows * hg, mtiles = (nq + 15) / 16;
   auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -423,7 +422,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __nv_bfloat16* Qs = Vs + kChunk * Dp;
   auto* Ss = reinterpret_cast<float*>(Qs + mtiles * 16 * Dp);
 
-  if (!staged) stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
+  stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   const int segs = D / 8;
   // V rows past the loaded keys meet probabilities of exactly 0, which must not meet NaNs.
   for (int i = threadIdx.x; i < (kChunk - n_load) * segs; i += kSplitThreads) {
@@ -541,20 +540,10 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
   // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
   // past it (rows beyond kv_len among them) are never read.
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  // Keys no running kernel writes (those of earlier steps: the kernel ahead stores only this
-  // step's rows) are staged before the wait, so their trip from memory overlaps the kernel
-  // ahead instead of following it.
-  const bool staged = a.vec && n_load > 0 && c0 + n_load <= a.kv_settled;
-  if (staged) {
-    const int Dp = split_row_stride(a.D8);
-    auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
-    stage_chunk_kv(a, Ks, Ks + kChunk * Dp, Dp, a.k + c0 * a.ldk + int64_t(kvh) * a.D,
-                   a.v + c0 * a.ldv + int64_t(kvh) * a.D, n_load);
-  }
   grid_dependency_begin();
   if (n_load > 0) {
-    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load, staged);
-    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load, staged);
+    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   }
 }
 
@@ -679,7 +668,7 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, int64_t kv_settled, void* scratch, cudaStream_t s) {
+               bool causal, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -708,7 +697,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     a.out = op;
     a.ldo = ldo;
     a.kv_len = kv_len;
-    a.kv_settled = kv_settled;
     a.q_pos0 = q_pos0;
     a.T = T;
     a.hq = static_cast<int>(hq);

@@ -11,6 +11,36 @@
 namespace dflash::cuda {
 namespace {
 
+// Flavours of the 16-byte load, to compare (read_bandwidth's `flavour`): 0 the products' ld_stream_16 (read-only,
+// no L1 allocation, 256-byte L2 prefetch); 1 the same without the prefetch hint; 2 a plain
+// read-only load (__ldg); 3 flavour 0 with an evict-first L2 policy.
+template <int F>
+__device__ __forceinline__ uint4 load16(const void* p, uint64_t policy) {
+  if constexpr (F == 0) {
+    return ld_stream_16(p);
+  } else if constexpr (F == 1) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+  } else if constexpr (F == 2) {
+    return __ldg(static_cast<const uint4*>(p));
+  } else {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(policy));
+    return v;
+  }
+}
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 // Every 16-byte unit of p[0, n) read once, four loads in flight per thread; the xor of what was
 // read goes to `sink` only in the never-taken case, so the loads stay.
 template <int F, int UNROLL>

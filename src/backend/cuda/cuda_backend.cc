@@ -354,32 +354,11 @@ class CudaBackend final : public Backend {
              std::to_string(head_dim);
     });
     const RopeEntry& e = rope_table(table);
-    const uint64_t before = cuda::launch_serial();
     cuda::qk_norm_rope_store(q.data, q.ld, hq, k.data, k.ld, v.data, v.ld, hkv, q_norm.ptr<float>(),
                              k_norm.ptr<float>(), eps, T, head_dim, static_cast<const int32_t*>(dev_pos.get()),
                              positions[0], static_cast<const float*>(e.cos.get()),
                              static_cast<const float*>(e.sin.get()), k_dst.data, k_dst.ld, v_dst.data, v_dst.ld,
                              stream_);
-    if (cuda::launch_serial() != before) {
-      auto span = [](const Tensor& t) {
-        const char* p = static_cast<const char*>(t.data);
-        return std::make_pair(p, p + ((t.rows - 1) * t.ld + t.cols) * int64_t(dtype_size(t.dtype)));
-      };
-      const auto [k0, k1] = span(k_dst);
-      const auto [v0, v1] = span(v_dst);
-      last_kv_store_ = {k0, k1, v0, v1, cuda::launch_serial()};
-    }
-  }
-
-  // Rows of the cache view `cache` that the last K/V store did not write, when that store is the
-  // kernel right ahead in the stream (the only one that may still run when the next starts):
-  // the rows before its first one, or all of them when it wrote elsewhere. 0 (nothing known)
-  // when another kernel came after it.
-  static int64_t rows_settled(const Tensor& cache, const char* dst, const char* dst_end) {
-    const auto* base = static_cast<const char*>(cache.data);
-    const int64_t row_bytes = cache.ld * static_cast<int64_t>(dtype_size(cache.dtype));
-    if (dst_end <= base || dst >= base + cache.rows * row_bytes) return cache.rows;
-    return dst <= base ? 0 : (dst - base) / row_bytes;
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
@@ -411,18 +390,8 @@ class CudaBackend final : public Backend {
       while (rounded < bytes) rounded *= 2;
       scratch = pool_->allocate(rounded, "attention");
     }
-    static const bool early = [] {  // DFLASH_ATTN_EARLY=0: stage nothing early (measuring)
-      const char* e = std::getenv("DFLASH_ATTN_EARLY");
-      return !(e && std::string(e) == "0");
-    }();
-    const int64_t settled = early && last_kv_store_.serial == cuda::launch_serial()
-                                ? std::min({rows_settled(k, last_kv_store_.k, last_kv_store_.k_end),
-                                            rows_settled(k, last_kv_store_.v, last_kv_store_.v_end),
-                                            rows_settled(v, last_kv_store_.k, last_kv_store_.k_end),
-                                            rows_settled(v, last_kv_store_.v, last_kv_store_.v_end)})
-                                : 0;
     cuda::attention(q.data, q.ld, k.data, k.ld, v.data, v.ld, out.data, out.ld, q.rows, hq, hkv, head_dim, kv_len,
-                    q_pos0, mask == AttentionMask::Causal, settled, scratch.get(), stream_);
+                    q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_);
   }
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
@@ -550,12 +519,6 @@ class CudaBackend final : public Backend {
   size_t next_slot_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
-  // The last K/V store qk_norm_rope_store queued: where its rows start, and the launch serial it
-  // had (attention reads rows before these early when the store is the kernel right ahead).
-  struct KvStore {
-    const char *k = nullptr, *k_end = nullptr, *v = nullptr, *v_end = nullptr;  // [first, last byte + 1)
-    uint64_t serial = ~uint64_t(0);
-  } last_kv_store_;
 };
 
 int visible_devices() {

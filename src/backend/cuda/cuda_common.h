@@ -31,14 +31,6 @@ inline bool rows_aligned16(const void* p, int64_t ld, int elem_bytes) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * elem_bytes) % 16 == 0;
 }
 
-// How many kernels launch_kernel() (launch.cuh) has queued in this process. An op that reads
-// memory before its grid dependency wait uses it to learn which kernel is right ahead of it in
-// the stream (attention stages early only the K/V rows that kernel does not write).
-inline uint64_t& launch_serial() {
-  static uint64_t serial = 0;
-  return serial;
-}
-
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 // Element types the kernels are instantiated for (the tensor's DType, as a small code).

@@ -60,7 +60,6 @@ void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 bl
   cfg.attrs = &attr;
   cfg.numAttrs = pdl_enabled() && !op_listed(OpList::PdlSkip, op) ? 1 : 0;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, "kernel launch");
-  ++launch_serial();
 }
 
 }  // namespace dflash::cuda

@@ -91,11 +91,11 @@ __device__ __forceinline__ uint4 load_x_unit(const void* __restrict__ x, int64_t
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false, int LF = 0>
+template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const void* __restrict__ xv, int64_t ldx, const __nv_bfloat16* __restrict__ w, int64_t ldw,
                       Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const float* __restrict__ inv, const float* __restrict__ nw, int early) {
+                      const float* __restrict__ inv, const float* __restrict__ nw, bool w_uploaded) {
   const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(xv);
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -132,26 +132,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
   const int c_last = c_end - 1;
-  const uint64_t policy = LF == 3 ? evict_first_policy() : 0;
   uint4 cur[U][NT], next[U][NT];
   auto load = [&](uint4 (&dst)[U][NT], int c) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = c + u < c_last ? c + u : c_last;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = load16<LF>(wrow[nt] + 4 * cu, policy);
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
     }
   };
-  // An uploaded weight is never written by a kernel, so its first `early` batches (0: not an
-  // uploaded weight) may be in flight while the kernel before this one finishes (launch.cuh);
-  // anything else waits first.
+  // An uploaded weight is never written by a kernel, so its first batch may be in flight
+  // while the kernel before this one finishes (launch.cuh); anything else waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
-  // (Two batches only with two n8 tiles: the one-tile kernel, U = 8, has no registers to spare.)
-  const bool next_early = NT == 2 && early >= 2 && active && c_begin + U < c_end;
-  if (early >= 1 && active) load(cur, c_begin);
-  if (next_early) load(next, c_begin + U);
+  if (w_uploaded && active) load(cur, c_begin);
   grid_dependency_begin();
-  if (early == 0 && active) load(cur, c_begin);
+  if (!w_uploaded && active) load(cur, c_begin);
 
   if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
@@ -166,7 +161,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       }
 
     for (int c = c_begin; c < c_end; c += U) {
-      if (c + U < c_end && !(next_early && c == c_begin)) load(next, c + U);
+      if (c + U < c_end) load(next, c + U);
       if constexpr (XF != kPlain) {
         // Transformed x, one step at a time. A half tile (8 rows) with no row below M is
         // skipped as a whole (warp-uniform), so one row costs one half's transform; lanes of
@@ -263,25 +258,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-// Weight batches a product of an uploaded weight loads before its grid dependency wait: 1, or 2
-// with DFLASH_SKINNY_EARLY=2 (measuring).
-int early_batches(bool w_uploaded) {
-  static const int n = [] {
-    const char* e = std::getenv("DFLASH_SKINNY_EARLY");
-    return e && std::atoi(e) >= 0 && std::atoi(e) <= 2 ? std::atoi(e) : 1;
-  }();
-  return w_uploaded ? n : 0;
-}
-
-// The weight load's flavour (device_util.cuh load16): DFLASH_SKINNY_LOAD=0 (default), 1 or 3.
-int load_flavour() {
-  static const int f = [] {
-    const char* e = std::getenv("DFLASH_SKINNY_LOAD");
-    return e && (std::atoi(e) == 1 || std::atoi(e) == 3) ? std::atoi(e) : 0;
-  }();
-  return f;
-}
-
 template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv = nullptr,
@@ -289,16 +265,9 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   const int64_t cols_per_warp = PAIR ? 8 : NT * 8;
   const int64_t groups = ((PAIR ? N / 2 : int64_t(N)) + cols_per_warp - 1) / cols_per_warp;
   const int G = kWarps / S;
-  auto go = [&](auto kernel) {
-    launch_kernel("matmul (skinny)", kernel, unsigned((groups + G - 1) / G), kWarps * 32, 0, s, x, ldx,
-                  static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, inv,
-                  nw, early_batches(w_uploaded));
-  };
-  if constexpr (XF == kPlain) {
-    if (load_flavour() == 1) return go(skinny_mma_kernel<MT, NT, Out, XF, PAIR, 1>);
-    if (load_flavour() == 3) return go(skinny_mma_kernel<MT, NT, Out, XF, PAIR, 3>);
-  }
-  go(skinny_mma_kernel<MT, NT, Out, XF, PAIR, 0>);
+  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G),
+                kWarps * 32, 0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M,
+                N, K, S, accumulate, inv, nw, w_uploaded);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -310,12 +279,11 @@ struct MmaTiling {
 // target. Measured on the H200 (doctor, 2026-11-29), the gate/up product (N = 24576) ran 10 %
 // slower with 2 slices (384 blocks: 1.45 waves of 264 block slots) than with 1 or 4 (0.73 and
 // 2.9 waves), and the 4096-row products were fastest at 8 slices (0.97 waves).
-MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots, int force_nt = 0) {
+MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
   MmaTiling m;
   // Two n8 tiles per warp once there are rows enough to fill the GPU that way; then as many K
   // slices per block as it takes to reach the target warp count, while slices stay long.
   m.NT = (int64_t(N) + 15) / 16 * kWarps >= target_warps ? 2 : 1;
-  if (force_nt) m.NT = force_nt;
   const int64_t groups = (int64_t(N) + m.NT * 8 - 1) / (m.NT * 8);
   if (block_slots <= 0) {
     while (m.S < kWarps && groups * m.S < target_warps && K / 32 >= 2 * m.S * kMinSliceChunks) m.S *= 2;
@@ -361,7 +329,6 @@ struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
-  int force_nt = 0;         // DFLASH_SKINNY_NT=1|2 (measuring): n8 tiles per warp of the plain products
 };
 
 const MmaSettings& mma_settings() {
@@ -379,8 +346,6 @@ const MmaSettings& mma_settings() {
       m.block_slots = int64_t(sms) * 2;  // 8-warp blocks, two per SM (16 warps)
     else
       (void)cudaGetLastError();
-    if (const char* e = std::getenv("DFLASH_SKINNY_NT"); e && (std::atoi(e) == 1 || std::atoi(e) == 2))
-      m.force_nt = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) {
       m.target_warps = std::atoll(e);
       m.block_slots = 0;
@@ -602,7 +567,7 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   const bool vec = K % 8 == 0 && rows_aligned16(x, ldx, 2) && rows_aligned16(w, ldw, 2);
   const MmaSettings& ms = mma_settings();
   const bool mma = vec && K % 32 == 0 && ms.enabled;
-  const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots, ms.force_nt);
+  const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots);
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
     if (mma) {
