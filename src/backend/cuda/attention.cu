@@ -208,6 +208,7 @@ struct SplitArgs {
   bool causal, vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
+  int diag;  // measuring only (DFLASH_ATTN_DIAG, results wrong): 1 no K/V staging, 2 no q load, 4 no scores, 8 no softmax, 16 no P·V
 };
 
 // Shared memory of one split block: K and V of the chunk as bf16 rows of D8 + 8 elements (the
@@ -422,14 +423,16 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __nv_bfloat16* Qs = Vs + kChunk * Dp;
   auto* Ss = reinterpret_cast<float*>(Qs + mtiles * 16 * Dp);
 
-  stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
+  if (!(a.diag & 1))
+    stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   const int segs = D / 8;
   // V rows past the loaded keys meet probabilities of exactly 0, which must not meet NaNs.
   for (int i = threadIdx.x; i < (kChunk - n_load) * segs; i += kSplitThreads) {
     const int j = n_load + i / segs, s8 = (i % segs) * 8;
     *reinterpret_cast<uint4*>(Vs + j * Dp + s8) = make_uint4(0, 0, 0, 0);
   }
-  if (a.qvec) {
+  if (a.diag & 2) {
+  } else if (a.qvec) {
     for (int i = threadIdx.x; i < mtiles * 16 * segs; i += kSplitThreads) {
       const int qv = i / segs, s8 = (i % segs) * 8;
       *reinterpret_cast<uint4*>(Qs + qv * Dp + s8) =
@@ -447,7 +450,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  for (int mt = 0; mt < mtiles; ++mt) {
+  for (int mt = 0; mt < (a.diag & 4 ? 0 : mtiles); ++mt) {
     float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     for (int k0 = 0; k0 < D; k0 += 16) {
       const __nv_bfloat16* qa = Qs + (mt * 16 + g) * Dp + k0 + 2 * t;
@@ -470,9 +473,10 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
   __syncthreads();
 
-  chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0);
+  if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0);
   cp_async_wait<0>();
   __syncthreads();
+  if (a.diag & 16) return;
 
   const auto* V16 = reinterpret_cast<const unsigned short*>(Vs);
   const int dtiles = D / 8;
@@ -709,6 +713,11 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     a.vec = vec;
     a.qvec = D % 8 == 0 && rows_aligned16(q, ldq, 2);
     a.mma = vec && D % 16 == 0 && split_mma_enabled();
+    static const int diag = [] {
+      const char* e = std::getenv("DFLASH_ATTN_DIAG");
+      return e ? std::atoi(e) : 0;
+    }();
+    a.diag = diag;
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they
@@ -740,6 +749,12 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
           static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                      split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)})));
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
+      static const bool carveout = [] {  // measuring only
+        const char* e = std::getenv("DFLASH_ATTN_CARVEOUT");
+        if (e) (void)cudaFuncSetAttribute(split_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(e));
+        return true;
+      }();
+      (void)carveout;
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
       launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
