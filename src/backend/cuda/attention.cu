@@ -208,7 +208,9 @@ struct SplitArgs {
   bool causal, vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
-  int diag;  // measuring only (DFLASH_ATTN_DIAG, results wrong): 1 no K/V staging, 2 no q load, 4 no scores, 8 no softmax, 16 no P·V
+  // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
+  // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V.
+  int diag;
 };
 
 // Shared memory of one split block: K and V of the chunk as bf16 rows of D8 + 8 elements (the
@@ -749,12 +751,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
           static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                      split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)})));
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
-      static const bool carveout = [] {  // measuring only
-        const char* e = std::getenv("DFLASH_ATTN_CARVEOUT");
-        if (e) (void)cudaFuncSetAttribute(split_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(e));
-        return true;
-      }();
-      (void)carveout;
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
       launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
