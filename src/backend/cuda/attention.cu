@@ -209,7 +209,8 @@ struct SplitArgs {
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
-  // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V.
+  // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
+  // low-part mma's, 64 the partial-output stores.
   int diag;
 };
 
@@ -480,9 +481,9 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __syncthreads();
   if (a.diag & 16) return;
 
-  const auto* V16 = reinterpret_cast<const unsigned short*>(Vs);
   const int dtiles = D / 8;
   constexpr int kMaxTilesPerWarp = kMaxHeadDim / 8 / (kSplitThreads / 32);
+  static_assert(kMaxTilesPerWarp % 2 == 0, "V fragments are loaded for two tiles at a time");
   for (int mt = 0; mt < mtiles; ++mt) {
     float acc[kMaxTilesPerWarp][4];
 #pragma unroll
@@ -501,19 +502,32 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
       const __nv_bfloat162 l10 = __floats2bfloat162_rn(q10.x - __low2float(h10), q10.y - __high2float(h10));
       const __nv_bfloat162 l01 = __floats2bfloat162_rn(q01.x - __low2float(h01), q01.y - __high2float(h01));
       const __nv_bfloat162 l11 = __floats2bfloat162_rn(q11.x - __low2float(h11), q11.y - __high2float(h11));
+      // The warp's tiles dt = warp + 4i two at a time (dt and dt + 4): one transposed ldmatrix
+      // gives both tiles' B fragments (keys k0 … k0 + 15, head dimensions 8·dt …), the same
+      // values the mma's took from scalar loads before.
 #pragma unroll
-      for (int i = 0; i < kMaxTilesPerWarp; ++i) {
+      for (int i = 0; i < kMaxTilesPerWarp; i += 2) {
         const int dt = warp + i * (kSplitThreads / 32);
         if (dt >= dtiles) break;
-        const unsigned short* vr = V16 + (k0 + 2 * t) * Dp + dt * 8 + g;
-        const uint32_t b0 = uint32_t(vr[0]) | uint32_t(vr[Dp]) << 16;
-        const uint32_t b1 = uint32_t(vr[8 * Dp]) | uint32_t(vr[9 * Dp]) << 16;
+        const bool both = dt + kSplitThreads / 32 < dtiles;  // warp-uniform
+        const int m = lane / 8;
+        uint32_t b[4];
+        ldmatrix_trans(b, Vs + (k0 + lane % 8 + 8 * (m & 1)) * Dp + (dt + (kSplitThreads / 32) * (m >> 1)) * 8, both);
         mma_bf16_16x8x16(acc[i], bf16_pair_bits(h00), bf16_pair_bits(h10), bf16_pair_bits(h01), bf16_pair_bits(h11),
-                         b0, b1);
-        mma_bf16_16x8x16(acc[i], bf16_pair_bits(l00), bf16_pair_bits(l10), bf16_pair_bits(l01), bf16_pair_bits(l11),
-                         b0, b1);
+                         b[0], b[1]);
+        if (!(a.diag & 32))
+          mma_bf16_16x8x16(acc[i], bf16_pair_bits(l00), bf16_pair_bits(l10), bf16_pair_bits(l01),
+                           bf16_pair_bits(l11), b[0], b[1]);
+        if (both) {
+          mma_bf16_16x8x16(acc[i + 1], bf16_pair_bits(h00), bf16_pair_bits(h10), bf16_pair_bits(h01),
+                           bf16_pair_bits(h11), b[2], b[3]);
+          if (!(a.diag & 32))
+            mma_bf16_16x8x16(acc[i + 1], bf16_pair_bits(l00), bf16_pair_bits(l10), bf16_pair_bits(l01),
+                             bf16_pair_bits(l11), b[2], b[3]);
+        }
       }
     }
+    if (a.diag & 64) continue;
     // Rows g and g + 8 of the tile; a row whose visible keys end before this chunk writes nothing.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

@@ -90,6 +90,25 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 #endif
 }
 
+// Four (x4) or two (x2) 8x8 bf16 matrices from shared memory, transposed: lanes 8m … 8m + 7
+// give the addresses of matrix m's rows (16 bytes each), and lane (g, t) receives in register m
+// the elements (row 2t, column g) (low half) and (row 2t + 1, column g) of matrix m: for rows
+// that are keys and columns that are head dimensions, the B fragment of a P·V mma.
+__device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[4], const void* smem_row, bool four) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  if (four)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+#else
+  (void)r, (void)smem_row, (void)four;
+  __trap();
+#endif
+}
+
 // Programmatic dependent launch (sm_90; launch.cuh sets it up on the host). A kernel may be
 // started while the one before it in the stream is still running: everything before
 // grid_dependency_begin() must touch no memory that an earlier kernel writes (the first loads
