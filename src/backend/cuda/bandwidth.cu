@@ -2,7 +2,6 @@
 // decode step, which read each weight once and write almost nothing. (copy_bandwidth, beside
 // it in cuda_backend.cc, is the issue's roofline: a device-to-device copy.)
 #include <algorithm>
-#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
@@ -11,9 +10,9 @@
 namespace dflash::cuda {
 namespace {
 
-// Flavours of the 16-byte load, to compare (read_bandwidth's `flavour`): 0 the products' ld_stream_16 (read-only,
-// no L1 allocation, 256-byte L2 prefetch); 1 the same without the prefetch hint; 2 a plain
-// read-only load (__ldg); 3 flavour 0 with an evict-first L2 policy.
+// Flavours of the 16-byte load, to compare (read_bandwidth's `flavour`): 0 the products'
+// ld_stream_16 (read-only, no L1 allocation, 256-byte L2 prefetch); 1 the same without the
+// prefetch hint; 2 a plain read-only load (__ldg); 3 flavour 0 with an evict-first L2 policy.
 template <int F>
 __device__ __forceinline__ uint4 load16(const void* p, uint64_t policy) {
   if constexpr (F == 0) {
@@ -126,7 +125,7 @@ __global__ void __launch_bounds__(128) rows_smem_kernel(const char* __restrict__
   if (n0 >= N) return;
   const int chunks = K / 32, c_begin = slice * chunks / S, c_end = (slice + 1) * chunks / S;
   const char* base = w + n0 * int64_t(K) * 2;
-  constexpr int kUnitsPerRow = kRowBytes / 16, kRowsPerInstr = 32 / kUnitsPerRow > 0 ? 32 / kUnitsPerRow : 1;
+  constexpr int kUnitsPerRow = kRowBytes / 16;
   auto issue = [&](int c, int stage) {
     unsigned char* dst = buf + stage * kStage;
     for (int i = lane; i < 16 * kUnitsPerRow; i += 32) {
@@ -137,7 +136,6 @@ __global__ void __launch_bounds__(128) rows_smem_kernel(const char* __restrict__
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
-  (void)kRowsPerInstr;
   uint32_t acc = 0;
   int issued = c_begin;
 #pragma unroll
