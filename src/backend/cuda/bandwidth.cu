@@ -2,6 +2,7 @@
 // decode step, which read each weight once and write almost nothing. (copy_bandwidth, beside
 // it in cuda_backend.cc, is the issue's roofline: a device-to-device copy.)
 #include <algorithm>
+#include <functional>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
@@ -164,56 +165,28 @@ __global__ void __launch_bounds__(128) rows_smem_kernel(const char* __restrict__
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-}  // namespace
-
-double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
-  const size_t bytes = size_t(N) * size_t(K) * 2;
+// Bytes read per second by `launches_of_one_rep` (queued back to back, reading `bytes` of a
+// buffer of that size filled with a byte pattern): the best of three timed repetitions after a
+// warm-up one. The launcher gets the buffer and a sink word for the kernels' never-taken store.
+double best_read_rate(size_t bytes, const std::function<void(const char*, unsigned*)>& launches_of_one_rep) {
   void* buf = nullptr;
   unsigned* sink = nullptr;
-  check(cudaMalloc(&buf, bytes * launches), "bandwidth", "cudaMalloc");
+  check(cudaMalloc(&buf, bytes), "bandwidth", "cudaMalloc");
   check(cudaMalloc(&sink, sizeof(unsigned)), "bandwidth", "cudaMalloc");
-  check(cudaMemset(buf, 0x5a, bytes * launches), "bandwidth", "cudaMemset");
+  check(cudaMemset(buf, 0x5a, bytes), "bandwidth", "cudaMemset");
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
   check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
-  auto launch = [&](const char* w) {
-    switch (variant) {
-      case 0: rows_kernel<16, 4><<<unsigned((N / 16 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
-      case 1: rows_kernel<8, 8><<<unsigned((N / 8 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
-      case 2: rows_kernel<8, 4><<<unsigned((N / 8 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
-      case 3: {
-        constexpr size_t smem = 4 * 3 * 16 * (64 * 4 + 16);
-        cudaFuncSetAttribute(rows_smem_kernel<4, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        rows_smem_kernel<4, 3><<<unsigned((N / 16 + 4 / S - 1) / (4 / S)), 128, smem>>>(w, N, K, S, sink);
-        break;
-      }
-      case 4: {
-        constexpr size_t smem = 4 * 3 * 16 * (64 * 8 + 16);
-        cudaFuncSetAttribute(rows_smem_kernel<8, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        rows_smem_kernel<8, 3><<<unsigned((N / 16 + 4 / S - 1) / (4 / S)), 128, smem>>>(w, N, K, S, sink);
-        break;
-      }
-      case 6: rows_kernel<16, 4, 1><<<unsigned((N / 16 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
-      case 7: rows_kernel<16, 4, 2><<<unsigned((N / 16 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
-      case 8: rows_kernel<16, 4, 3><<<unsigned((N / 16 + 8 / S - 1) / (8 / S)), 256>>>(w, N, K, S, sink); break;
-      default: {
-        constexpr size_t smem = 4 * 4 * 16 * (64 * 4 + 16);
-        cudaFuncSetAttribute(rows_smem_kernel<4, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        rows_smem_kernel<4, 4><<<unsigned((N / 16 + 4 / S - 1) / (4 / S)), 128, smem>>>(w, N, K, S, sink);
-        break;
-      }
-    }
-  };
   double best = 0;
   for (int rep = 0; rep < 4; ++rep) {
     check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
-    for (int l = 0; l < launches; ++l) launch(static_cast<const char*>(buf) + size_t(l) * bytes);
-    check(cudaGetLastError(), "bandwidth", "rows kernel launch");
+    launches_of_one_rep(static_cast<const char*>(buf), sink);
+    check(cudaGetLastError(), "bandwidth", "kernel launch");
     check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
     check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
-    if (rep > 0) best = std::max(best, double(bytes) * launches / (double(ms) * 1e-3));
+    if (rep > 0) best = std::max(best, double(bytes) / (double(ms) * 1e-3));  // rep 0 warms up
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
@@ -222,53 +195,58 @@ double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
   return best;
 }
 
+}  // namespace
+
+double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
+  const size_t bytes = size_t(N) * size_t(K) * 2;
+  // The shared-memory variants' dynamic shared memory, opted into once, outside the timing.
+  constexpr size_t smem3 = 4 * 3 * 16 * (64 * 4 + 16), smem4 = 4 * 3 * 16 * (64 * 8 + 16),
+                   smem5 = 4 * 4 * 16 * (64 * 4 + 16);
+  check(cudaFuncSetAttribute(rows_smem_kernel<4, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem3)),
+        "bandwidth", "cudaFuncSetAttribute");
+  check(cudaFuncSetAttribute(rows_smem_kernel<8, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem4)),
+        "bandwidth", "cudaFuncSetAttribute");
+  check(cudaFuncSetAttribute(rows_smem_kernel<4, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem5)),
+        "bandwidth", "cudaFuncSetAttribute");
+  const unsigned rows16 = unsigned((N / 16 + 8 / S - 1) / (8 / S)), rows8 = unsigned((N / 8 + 8 / S - 1) / (8 / S));
+  const unsigned smem_blocks = unsigned((N / 16 + 4 / S - 1) / (4 / S));
+  auto launch = [&](const char* w, unsigned* sink) {
+    switch (variant) {
+      case 0: rows_kernel<16, 4><<<rows16, 256>>>(w, N, K, S, sink); break;
+      case 1: rows_kernel<8, 8><<<rows8, 256>>>(w, N, K, S, sink); break;
+      case 2: rows_kernel<8, 4><<<rows8, 256>>>(w, N, K, S, sink); break;
+      case 3: rows_smem_kernel<4, 3><<<smem_blocks, 128, smem3>>>(w, N, K, S, sink); break;
+      case 4: rows_smem_kernel<8, 3><<<smem_blocks, 128, smem4>>>(w, N, K, S, sink); break;
+      case 5: rows_smem_kernel<4, 4><<<smem_blocks, 128, smem5>>>(w, N, K, S, sink); break;
+      case 6: rows_kernel<16, 4, 1><<<rows16, 256>>>(w, N, K, S, sink); break;
+      case 7: rows_kernel<16, 4, 2><<<rows16, 256>>>(w, N, K, S, sink); break;
+      default: rows_kernel<16, 4, 3><<<rows16, 256>>>(w, N, K, S, sink); break;
+    }
+  };
+  return best_read_rate(bytes * launches, [&](const char* buf, unsigned* sink) {
+    for (int l = 0; l < launches; ++l) launch(buf + size_t(l) * bytes, sink);
+  });
+}
+
 double read_bandwidth(size_t window, size_t total, int flavour, int unroll, int blocks_per_sm) {
   window = std::max<size_t>(window / 16 * 16, 16);
   total = std::max(total / window, size_t(1)) * window;
-  void* buf = nullptr;
-  unsigned* sink = nullptr;
-  check(cudaMalloc(&buf, total), "bandwidth", "cudaMalloc");
-  check(cudaMalloc(&sink, sizeof(unsigned)), "bandwidth", "cudaMalloc");
-  check(cudaMemset(buf, 0x5a, total), "bandwidth", "cudaMemset");
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "bandwidth", "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "bandwidth", "SM count");
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
-  check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
-  const size_t windows = total / window;
-  double best = 0;
-  for (int rep = 0; rep < 4; ++rep) {
-    // Each launch reads the next window, so a window smaller than L2 is still read from memory.
-    check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
-    for (size_t w = 0; w < windows; ++w) {
-      const auto* p = reinterpret_cast<const uint4*>(static_cast<char*>(buf) + w * window);
-      const unsigned blocks = unsigned(sms * blocks_per_sm);
-      const int64_t n = int64_t(window / 16);
-      if (unroll == 8) {
-        read_kernel<0, 8><<<blocks, 256>>>(p, n, sink);
-      } else if (flavour == 1) {
-        read_kernel<1, 4><<<blocks, 256>>>(p, n, sink);
-      } else if (flavour == 2) {
-        read_kernel<2, 4><<<blocks, 256>>>(p, n, sink);
-      } else if (flavour == 3) {
-        read_kernel<3, 4><<<blocks, 256>>>(p, n, sink);
-      } else {
-        read_kernel<0, 4><<<blocks, 256>>>(p, n, sink);
-      }
+  const unsigned blocks = unsigned(sms * blocks_per_sm);
+  const int64_t n = int64_t(window / 16);
+  // Each launch reads the next window, so a window smaller than L2 is still read from memory.
+  return best_read_rate(total, [&](const char* buf, unsigned* sink) {
+    for (size_t w = 0; w < total / window; ++w) {
+      const auto* p = reinterpret_cast<const uint4*>(buf + w * window);
+      if (unroll == 8) read_kernel<0, 8><<<blocks, 256>>>(p, n, sink);
+      else if (flavour == 1) read_kernel<1, 4><<<blocks, 256>>>(p, n, sink);
+      else if (flavour == 2) read_kernel<2, 4><<<blocks, 256>>>(p, n, sink);
+      else if (flavour == 3) read_kernel<3, 4><<<blocks, 256>>>(p, n, sink);
+      else read_kernel<0, 4><<<blocks, 256>>>(p, n, sink);
     }
-    check(cudaGetLastError(), "bandwidth", "read kernel launch");
-    check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
-    check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
-    if (rep > 0) best = std::max(best, double(total) / (double(ms) * 1e-3));  // rep 0 warms up
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(sink);
-  cudaFree(buf);
-  return best;
+  });
 }
 
 }  // namespace dflash::cuda
