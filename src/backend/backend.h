@@ -51,12 +51,6 @@ class Backend {
   virtual void add(const Tensor& x, Tensor& y) = 0;       // y += x
   virtual std::vector<int32_t> argmax_rows(const Tensor& x) = 0;
 
-  // A hint that w is the weight the model multiplies by after its next product (`paired`: by
-  // matmul_silu_mul). A backend may start fetching it once that product's own reads are done,
-  // so that memory keeps streaming through the small ops between the two products (the CUDA
-  // backend fetches a share into L2). Changes no result; the next product call consumes it.
-  virtual void read_ahead(const Tensor& w, bool paired = false) { (void)w, (void)paired; }
-
   // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend
   // overrides one where a single kernel saves launches and passes over memory. An override
   // must still give each row the same bits whatever the number of rows (docs/cuda.md).

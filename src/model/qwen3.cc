@@ -66,28 +66,22 @@ void write_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, co
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
                                  const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,
                                  KvCache& cache, int64_t kv_pos0, int64_t kv_len, AttentionMask mask,
-                                 DecoderScratch& s, const Tensor* next_weight) {
+                                 DecoderScratch& s) {
   const int64_t T = x.rows, D = c.head_dim;
   const int64_t q_cols = int64_t(c.num_attention_heads) * D, kv_cols = int64_t(c.num_key_value_heads) * D;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Tensor qkv = s.qkv.slice_rows(0, T), attn = s.attn.slice_rows(0, T);
-  // Each product is told the weight after it, so memory keeps streaming through the norms and
-  // attention between two products (o_proj through the whole attention).
-  b.read_ahead(w.o_proj);
   b.norm_matmul(x, w.input_norm, eps, w.qkv_proj, qkv);
   Tensor q = qkv.slice_cols(0, q_cols);
   Tensor k_dst = cache.k.slice_rows(kv_pos0, T), v_dst = cache.v.slice_rows(kv_pos0, T);
   b.qk_norm_rope_store(q, qkv.slice_cols(q_cols, kv_cols), qkv.slice_cols(q_cols + kv_cols, kv_cols), w.q_norm,
                        w.k_norm, eps, q_pos, D, rope, k_dst, v_dst);
   b.attention(q, cache.k, cache.v, kv_len, q_pos[0], D, mask, attn);
-  b.read_ahead(w.gate_up_proj, /*paired=*/true);
   b.matmul(attn, w.o_proj, x, /*accumulate=*/true);
 
   Tensor h = s.h.slice_rows(0, T), act = s.act.slice_rows(0, T);
   b.rms_norm(x, w.post_attention_norm, eps, x.cols, h);
-  b.read_ahead(w.down_proj);
   b.matmul_silu_mul(h, w.gate_up_proj, act);
-  if (next_weight) b.read_ahead(*next_weight);
   b.matmul(act, w.down_proj, x, /*accumulate=*/true);
 }
 
@@ -168,9 +162,8 @@ ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_
   ForwardOutput out;
   if (!feature_layers.empty()) out.features = b.alloc(T, H * int64_t(feature_layers.size()), dt);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    const Tensor* next = i + 1 < c.num_hidden_layers ? &layers_[i + 1].qkv_proj : &lm_head_;
     decoder_layer_attention_mlp(b, layers_[i], c, rope_, x, positions, state.kv(i), pos0, pos0 + T,
-                                AttentionMask::Causal, scratch, next);
+                                AttentionMask::Causal, scratch);
     for (size_t k = 0; k < feature_layers.size(); ++k) {
       if (feature_layers[k] != i) continue;
       Tensor dst = out.features.slice_cols(int64_t(k) * H, H);

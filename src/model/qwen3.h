@@ -59,7 +59,6 @@ class Qwen3Model {
   // gathered). The memory-bandwidth bound of plain decoding is bandwidth / this.
   int64_t weight_bytes_per_token() const;
   int64_t lm_head_bytes() const;
-  const Tensor& lm_head() const { return lm_head_; }
 
   // Borrowed by the drafter.
   const Tensor& embed_tokens() const { return embed_; }
@@ -81,15 +80,13 @@ class Qwen3Model {
 // One decoder layer over x [T, H] in place. q rows sit at positions `q_pos`; keys/values of
 // these rows are written to `cache` rows kv_pos0 … and attention covers cache rows
 // 0 … kv_len − 1 with `mask`. Shared by the target (causal) and the drafter (block).
-// `next_weight`, when given, is the weight multiplied by after this layer (the next layer's
-// q/k/v or the LM head), passed to Backend::read_ahead.
 struct DecoderScratch {
   Tensor h, qkv, attn, act;
 };
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
                                  const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,
                                  KvCache& cache, int64_t kv_pos0, int64_t kv_len, AttentionMask mask,
-                                 DecoderScratch& s, const Tensor* next_weight = nullptr);
+                                 DecoderScratch& s);
 DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows);
 
 // Writes k_norm(k_proj(h)) with RoPE and v_proj(h) into cache rows pos0 … pos0 + T − 1

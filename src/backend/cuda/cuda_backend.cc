@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -195,16 +194,6 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(stream_), "download", "synchronising the stream");
   }
 
-  // Kept for the next product launch, which fetches a share of w into L2 once its own loads
-  // are issued (skinny_matmul.cu, ReadAhead); any product consumes it, a cuBLAS one ignores it.
-  void read_ahead(const Tensor& w, bool paired) override {
-    next_weight_ = {};
-    if (!w.weight || w.device != DeviceKind::CUDA || w.dtype != DType::BF16 || w.rows > INT32_MAX ||
-        w.cols > INT32_MAX)
-      return;
-    next_weight_ = {w.data, w.ld, int(w.rows), int(w.cols), paired};
-  }
-
   void matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) override {
     expect(x, DType::BF16, "matmul", "x");
     expect(w, DType::BF16, "matmul", "w");
@@ -213,14 +202,13 @@ class CudaBackend final : public Backend {
     if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
       throw Error("cuda matmul: shapes " + x.describe() + " · " + w.describe() + "ᵀ → " + y.describe());
     const int64_t M = x.rows, N = w.rows, K = x.cols;
-    const NextWeight next = std::exchange(next_weight_, NextWeight{});
     if (M == 0 || N == 0) return;
     OpTimer timer(prof_.get(), M <= kSkinnyMaxRows ? "matmul M<=32" : "matmul cublas", [&] {
       return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + (ye == Elem::F32 ? " f32" : "") +
              (accumulate ? " +=" : "");
     });
     if (M <= kSkinnyMaxRows) {
-      skinny_matmul(x.data, x.ld, w.data, w.ld, y.data, y.ld, ye, int(M), int(N), int(K), accumulate, w.weight, next,
+      skinny_matmul(x.data, x.ld, w.data, w.ld, y.data, y.ld, ye, int(M), int(N), int(K), accumulate, w.weight,
                     stream_);
       return;
     }
@@ -245,12 +233,10 @@ class CudaBackend final : public Backend {
                         2 * act.cols == N && K <= INT32_MAX && N <= INT32_MAX &&
                         skinny_silu_pair_supported(x.data, x.ld, w.data, w.ld, int(N), int(K));
     if (!paired) return Backend::matmul_silu_mul(x, w, act);
-    const NextWeight next = std::exchange(next_weight_, NextWeight{});
     if (M == 0 || N == 0) return;
     OpTimer timer(prof_.get(), "matmul_silu_mul M<=32",
                   [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
-    skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight, next,
-                           stream_);
+    skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight, stream_);
   }
 
   // norm_matmul for decode and verification rows, opt-in (DFLASH_CUDA_FUSE=1): the skinny
@@ -271,7 +257,6 @@ class CudaBackend final : public Backend {
                          reinterpret_cast<uintptr_t>(norm_w.data) % 16 == 0 && rms_inv_supported(x.data, x.ld, K) &&
                          skinny_norm_supported(x.data, x.ld, w.data, w.ld, int(N), int(K));
     if (!fusable) return Backend::norm_matmul(x, norm_w, eps, w, y, accumulate);
-    const NextWeight next = std::exchange(next_weight_, NextWeight{});
     if (M == 0 || N == 0) return;
     auto inv = pool_->allocate(size_t(M) * sizeof(float), "norm_matmul");
     OpTimer timer(prof_.get(), "norm_matmul M<=32", [&] {
@@ -280,7 +265,7 @@ class CudaBackend final : public Backend {
     cuda::rms_inv(x.ptr<float>(), x.ld, M, K, eps, static_cast<float*>(inv.get()), stream_);
     skinny_matmul_norm(x.data, x.ld, static_cast<const float*>(inv.get()), norm_w.ptr<float>(),
                         w.data, w.ld, y.data, y.ld, elem_of(y, "norm_matmul"), int(M), int(N), int(K), accumulate,
-                        w.weight, next, stream_);
+                        w.weight, stream_);
   }
 
   // Opt-in (DFLASH_CUDA_FUSE=1): on the H200 the fused kernel measured slower than the two
@@ -534,7 +519,6 @@ class CudaBackend final : public Backend {
   size_t next_slot_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
-  NextWeight next_weight_;            // read_ahead's hint, for the next product
 };
 
 int visible_devices() {

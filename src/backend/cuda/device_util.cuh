@@ -109,26 +109,6 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[4], const void* sme
 #endif
 }
 
-// Starts fetching bytes [p, p + bytes) from memory into L2 and returns at once (sm_90's bulk
-// prefetch: one instruction for the whole range, no registers or shared memory held). p and
-// bytes must be multiples of 16. With evict_last the lines are kept in preference to ordinary
-// ones, which a product streaming its own weight through L2 would otherwise push out first.
-// No-op before sm_90.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes, bool evict_last) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (evict_last) {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes), "l"(policy)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-  }
-#else
-  (void)p, (void)bytes, (void)evict_last;
-#endif
-}
-
 // Programmatic dependent launch (sm_90; launch.cuh sets it up on the host). A kernel may be
 // started while the one before it in the stream is still running: everything before
 // grid_dependency_begin() must touch no memory that an earlier kernel writes (the first loads

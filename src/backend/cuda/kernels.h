@@ -17,17 +17,9 @@ namespace dflash::cuda {
 // makes greedy speculative output equal plain output on this backend.
 // w_uploaded: w is a weight from upload_weight, which no kernel writes, so the kernel may start
 // reading it before the kernel ahead of it in the stream has finished (launch.cuh).
-// next: the weight the model reads next (Backend::read_ahead); the product starts fetching a
-// share of it into L2 once its own loads are issued. A cache hint: it changes no result.
 constexpr int kSkinnyMaxRows = 32;
-struct NextWeight {
-  const void* w = nullptr;  // null: none
-  int64_t ld = 0;           // elements between rows
-  int N = 0, K = 0;
-  bool paired = false;      // read by skinny_matmul_silu_mul (a [gate; up] pair)
-};
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem,
-                   int M, int N, int K, bool accumulate, bool w_uploaded, const NextWeight& next, cudaStream_t s);
+                   int M, int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s);
 
 // The skinny product with the RMSNorm applied to x on its way in: x f32 [M, K],
 // y (+)= bf16(norm_w ⊙ x[m] · inv_rms[m]) · wᵀ (inv_rms from rms_inv). The normalised x equals,
@@ -38,14 +30,14 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
 bool skinny_norm_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
 void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
                          const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M, int N, int K,
-                         bool accumulate, bool w_uploaded, const NextWeight& next, cudaStream_t s);
+                         bool accumulate, bool w_uploaded, cudaStream_t s);
 
 // y[m, n] = silu(g)·u with g = bf16(x[m]·w[n]ᵀ), u = bf16(x[m]·w[N/2 + n]ᵀ) for w = [gate; up]
 // [N, K] and bf16 y [M, N/2]: matmul then silu_mul in one launch, the same bits. Only where
 // skinny_silu_pair_supported() (judged from pointers, strides, N and K, never M).
 bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
-                            int N, int K, bool w_uploaded, const NextWeight& next, cudaStream_t s);
+                            int N, int K, bool w_uploaded, cudaStream_t s);
 
 // Each `group` consecutive elements of a row: y = w ⊙ x / rms(x); in place allowed.
 void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_elem, void* y, int64_t ldy,

@@ -13,7 +13,6 @@
 // kernel, each output sees the same products in the same order for every M. cuBLAS gives no
 // such promise (it picks kernels, split-K and tile orders by shape), which is why verification
 // rows must not go through it while plain decoding rows go through this file.
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -51,7 +50,6 @@ constexpr int kWarps = 8;
 // come from N and K only, so a given weight matrix is always reduced the same way.
 constexpr int kTargetWarps = 2048;   // ≈ 132 SMs × 16 warps: enough loads in flight for HBM3e
 constexpr int kMinSliceChunks = 8;   // a K slice of at least 256 elements per warp
-constexpr int64_t kReadAheadBytes = int64_t(16) << 20;  // of the next weight, into L2 (ReadAhead)
 
 // What the kernel does to x on its way to the tensor cores (see skinny_matmul_norm in kernels.h).
 // Each yields, for a 16-byte unit of 8 elements, exactly the bf16 the standalone kernel would
@@ -88,31 +86,6 @@ __device__ __forceinline__ uint4 load_x_unit(const void* __restrict__ x, int64_t
   }
 }
 
-// The next product's weight, fetched into L2 by this product once its own loads are all
-// issued (Backend::read_ahead), so that memory keeps streaming through this kernel's tail and
-// the small launches (norms, attention) before the next product. What is fetched is where
-// each warp of the next product's first wave starts: the first seg_bytes of every K slice of
-// its rows ([0, rows), and [second, second + rows) for the up half of a gate/up pair), the
-// same share for every warp, so none of them is left to set the pace.
-struct ReadAhead {
-  const char* w = nullptr;  // null: nothing to fetch
-  int64_t ld = 0;           // bytes between rows
-  int64_t rows = 0, second = -1;
-  int slices = 1, chunks = 0;  // the next product's K slices and 32-element chunks
-  uint32_t seg_bytes = 0;      // a multiple of 16, at most one slice
-  bool evict_last = false;
-};
-
-__device__ __forceinline__ void issue_read_ahead(const ReadAhead& ra) {
-  if (ra.w == nullptr) return;
-  const int64_t per_range = ra.rows * ra.slices, n = ra.second >= 0 ? 2 * per_range : per_range;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = i % per_range, row = j / ra.slices + (i >= per_range ? ra.second : 0);
-    const int64_t c0 = (j % ra.slices) * ra.chunks / ra.slices;
-    prefetch_l2(ra.w + row * ra.ld + c0 * 64, ra.seg_bytes, ra.evict_last);
-  }
-}
-
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
 // and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
@@ -122,8 +95,7 @@ template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const void* __restrict__ xv, int64_t ldx, const __nv_bfloat16* __restrict__ w, int64_t ldw,
                       Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const float* __restrict__ inv, const float* __restrict__ nw, bool w_uploaded,
-                      const ReadAhead ra) {
+                      const float* __restrict__ inv, const float* __restrict__ nw, bool w_uploaded) {
   const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(xv);
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -255,7 +227,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int nt = 0; nt < NT; ++nt) cur[u][nt] = next[u][nt];
     }
   }
-  issue_read_ahead(ra);
 
   // Accumulator fragment: rows g and g+8 of the m16 tile, columns 2t and 2t+1 of the n8 tile.
 #pragma unroll
@@ -289,14 +260,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                int S, bool accumulate, bool w_uploaded, const ReadAhead& ra, cudaStream_t s,
-                const float* inv = nullptr, const float* nw = nullptr) {
+                int S, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv = nullptr,
+                const float* nw = nullptr) {
   const int64_t cols_per_warp = PAIR ? 8 : NT * 8;
   const int64_t groups = ((PAIR ? N / 2 : int64_t(N)) + cols_per_warp - 1) / cols_per_warp;
   const int G = kWarps / S;
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G),
                 kWarps * 32, 0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M,
-                N, K, S, accumulate, inv, nw, w_uploaded, ra);
+                N, K, S, accumulate, inv, nw, w_uploaded);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -335,16 +306,16 @@ MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
 
 template <typename Out, int XF>
 void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                  const MmaTiling& tl, bool accumulate, bool w_uploaded, const ReadAhead& ra, cudaStream_t s,
-                  const float* inv, const float* nw) {
+                  const MmaTiling& tl, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv,
+                  const float* nw) {
   // One m16 tile for up to 16 rows, two beyond: a row's arithmetic is the same in either.
   const int S = tl.S;
   if (M <= 16) {
-    if (tl.NT == 2) launch_mma<1, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, ra, s, inv, nw);
-    else launch_mma<1, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, ra, s, inv, nw);
+    if (tl.NT == 2) launch_mma<1, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
+    else launch_mma<1, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
   } else {
-    if (tl.NT == 2) launch_mma<2, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, ra, s, inv, nw);
-    else launch_mma<2, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, ra, s, inv, nw);
+    if (tl.NT == 2) launch_mma<2, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
+    else launch_mma<2, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
   }
 }
 
@@ -358,8 +329,6 @@ struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
-  int64_t read_ahead_bytes = kReadAheadBytes;  // DFLASH_READ_AHEAD_MB; 0 turns read-ahead off
-  bool read_ahead_evict_last = false;          // DFLASH_READ_AHEAD_EVICT_LAST=1
 };
 
 const MmaSettings& mma_settings() {
@@ -377,8 +346,6 @@ const MmaSettings& mma_settings() {
       m.block_slots = int64_t(sms) * 2;  // 8-warp blocks, two per SM (16 warps)
     else
       (void)cudaGetLastError();
-    if (const char* e = std::getenv("DFLASH_READ_AHEAD_MB")) m.read_ahead_bytes = std::max(0LL, std::atoll(e)) << 20;
-    if (const char* e = std::getenv("DFLASH_READ_AHEAD_EVICT_LAST")) m.read_ahead_evict_last = std::string(e) == "1";
     if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) {
       m.target_warps = std::atoll(e);
       m.block_slots = 0;
@@ -386,36 +353,6 @@ const MmaSettings& mma_settings() {
     return m;
   }();
   return settings;
-}
-
-// What read-ahead fetches of the next weight (see ReadAhead): the first wave of its product's
-// blocks, the tiling that product will take (mma_tiling, as the launchers below), and an equal
-// prefix of every K slice of those rows, kReadAheadBytes in all or the whole first wave if
-// smaller. Nothing where the next product will not run on the tensor-core kernel.
-ReadAhead plan_read_ahead(const NextWeight& next) {
-  ReadAhead ra;
-  const MmaSettings& ms = mma_settings();
-  if (next.w == nullptr || !ms.enabled || ms.read_ahead_bytes <= 0 || ms.block_slots <= 0 || next.K % 32 ||
-      next.N <= 0 || (next.paired && next.N % 2) || !rows_aligned16(next.w, next.ld, 2))
-    return ra;
-  const MmaTiling tl = mma_tiling(next.N, next.K, ms.target_warps, ms.block_slots);
-  const int64_t cols = next.paired ? next.N / 2 : next.N;     // outputs of the next product
-  const int64_t cols_per_group = next.paired ? 8 : tl.NT * 8;  // per warp group (launch_mma)
-  const int64_t groups_first = ms.block_slots * (kWarps / tl.S);
-  const int64_t rows = std::min(cols, groups_first * cols_per_group);
-  const int64_t ranges = next.paired ? 2 : 1, chunks = next.K / 32;
-  const int64_t slice_bytes = chunks / tl.S * 64;
-  const int64_t seg = std::min(slice_bytes, ms.read_ahead_bytes / (ranges * rows * tl.S)) / 16 * 16;
-  if (seg <= 0) return ra;
-  ra.w = static_cast<const char*>(next.w);
-  ra.ld = next.ld * 2;
-  ra.rows = rows;
-  ra.second = next.paired ? cols : -1;
-  ra.slices = tl.S;
-  ra.chunks = static_cast<int>(chunks);
-  ra.seg_bytes = static_cast<uint32_t>(seg);
-  ra.evict_last = ms.read_ahead_evict_last;
-  return ra;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -621,7 +558,7 @@ void launch_vec(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
 }  // namespace
 
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M,
-                   int N, int K, bool accumulate, bool w_uploaded, const NextWeight& next, cudaStream_t s) {
+                   int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul: skinny kernel called with " + std::to_string(M) + " rows");
   // Every decision here reads N, K, pointers and strides, never M (see the top of the file).
@@ -634,8 +571,7 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
     if (mma) {
-      dispatch_mma<Out, kPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, plan_read_ahead(next), s,
-                                nullptr, nullptr);
+      dispatch_mma<Out, kPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, s, nullptr, nullptr);
     } else if (!vec) {
       launch_kernel("matmul (skinny)", skinny_scalar_kernel<Out>, blocks_for(N, kWarps), kWarps * 32, 0, s,
           static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y),
@@ -663,7 +599,7 @@ bool skinny_norm_supported(const void* x, int64_t ldx, const void* w, int64_t ld
 
 void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
                          const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M, int N, int K,
-                         bool accumulate, bool w_uploaded, const NextWeight& next, cudaStream_t s) {
+                         bool accumulate, bool w_uploaded, cudaStream_t s) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows)
     throw Error("cuda matmul: fused skinny kernel called with " + std::to_string(M) + " rows");
@@ -672,8 +608,7 @@ void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const 
   const MmaTiling tl = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots);
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
-    dispatch_mma<Out, kNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, plan_read_ahead(next), s,
-                             inv_rms, norm_w);
+    dispatch_mma<Out, kNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, s, inv_rms, norm_w);
   });
 }
 
@@ -683,18 +618,17 @@ bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64
 }
 
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
-                            int N, int K, bool w_uploaded, const NextWeight& next, cudaStream_t s) {
+                            int N, int K, bool w_uploaded, cudaStream_t s) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul_silu_mul: skinny kernel called with " + std::to_string(M) + " rows");
   if (!skinny_silu_pair_supported(x, ldx, w, ldw, N, K))
     throw Error("cuda matmul_silu_mul: the paired kernel called where it does not apply");
   // The K slices the plain product of this weight takes (its tile width does not change a sum).
   const int S = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots).S;
-  const ReadAhead ra = plan_read_ahead(next);
   if (M <= 16)
-    launch_mma<1, 2, __nv_bfloat16, kPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, ra, s);
+    launch_mma<1, 2, __nv_bfloat16, kPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, s);
   else
-    launch_mma<2, 2, __nv_bfloat16, kPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, ra, s);
+    launch_mma<2, 2, __nv_bfloat16, kPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, s);
 }
 
 }  // namespace dflash::cuda
