@@ -208,7 +208,6 @@ struct SplitArgs {
   bool causal, vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
-  bool early;  // grid_dependency_begin's trigger_first (launch.cuh's early_trigger())
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -561,7 +560,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
   // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
   // past it (rows beyond kv_len among them) are never read.
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  grid_dependency_begin(a.early);
+  grid_dependency_begin();
   if (n_load > 0) {
     if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
     else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
@@ -579,7 +578,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
 constexpr int kMergeEarlyChunks = 16;
 template <int V>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin(a.early);
+  grid_dependency_begin();
   const int lane = threadIdx.x % 32;
   const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
   if (pair >= a.T * a.hq) return;  // whole warps
@@ -735,7 +734,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       return e ? std::atoi(e) : 0;
     }();
     a.diag = diag;
-    a.early = early_trigger();
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they

@@ -30,17 +30,6 @@ inline bool pdl_enabled() {
   return enabled;
 }
 
-// Whether the short kernels between two products (norms, q/k-norm/RoPE, attention and its
-// merge) trigger their dependents before waiting (grid_dependency_begin's trigger_first).
-// DFLASH_PDL_EARLY=0/1 chooses, read once.
-inline bool early_trigger() {
-  static const bool on = [] {
-    const char* e = std::getenv("DFLASH_PDL_EARLY");
-    return e && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-
 // Measuring only, read once: DFLASH_CUDA_PDL_SKIP="op,op" launches those ops without the
 // attribute (which kernel gains or loses by it); DFLASH_CUDA_NOOP="op,op" launches nothing for
 // them, so a step's time without them shows what they cost inside it (the results are then

@@ -18,8 +18,8 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
                                           const float* q_norm, const float* k_norm, float eps, int D,
                                           const int32_t* positions, int64_t pos0, const float* cos,
                                           const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
-                                          __nv_bfloat16* v_dst, int64_t ldvd, bool early) {
-  grid_dependency_begin(early);
+                                          __nv_bfloat16* v_dst, int64_t ldvd) {
+  grid_dependency_begin();
   const int heads = hq + 2 * hkv;
   const int64_t r = blockIdx.x / heads;
   const int h = blockIdx.x % heads;
@@ -71,7 +71,7 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
       static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
       static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
       static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
-      static_cast<__nv_bfloat16*>(v_dst), ldvd, early_trigger());
+      static_cast<__nv_bfloat16*>(v_dst), ldvd);
 }
 
 }  // namespace dflash::cuda

@@ -21,8 +21,8 @@ namespace {
 
 template <typename In, typename W, typename Out>
 __global__ void rms_norm_kernel(const In* x, int64_t ldx, const W* w, Out* y, int64_t ldy, int64_t groups,
-                                int64_t group, float eps, bool early) {
-  grid_dependency_begin(early);
+                                int64_t group, float eps) {
+  grid_dependency_begin();
   const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
   const In* in = x + r * ldx + g * group;
   Out* out = y + r * ldy + g * group;
@@ -71,8 +71,8 @@ int vec_threads(int64_t group) { return static_cast<int>(std::min<int64_t>(1024,
 template <typename In, typename W, typename Out, bool INV_ONLY>
 __global__ void __launch_bounds__(1024)
     rms_norm_vec_kernel(const In* x, int64_t ldx, const W* w, Out* y, int64_t ldy, int64_t groups, int64_t group,
-                        float eps, float* inv_out, bool early) {
-  grid_dependency_begin(early);
+                        float eps, float* inv_out) {
+  grid_dependency_begin();
   const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
   const In* in = x + r * ldx + g * group;
   const int nvec = static_cast<int>(group / 4);
@@ -135,12 +135,12 @@ void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_ele
           launch_kernel("rms_norm", rms_norm_vec_kernel<In, W, Out, false>, static_cast<unsigned>(blocks),
                         vec_threads(group), 0, s,
               static_cast<const In*>(x), ldx, static_cast<const W*>(w), static_cast<Out*>(y), ldy, groups, group, eps,
-              nullptr, early_trigger());
+              nullptr);
         } else {
           const int threads = static_cast<int>(std::min<int64_t>(256, (group + 31) / 32 * 32));
           launch_kernel("rms_norm", rms_norm_kernel<In, W, Out>, static_cast<unsigned>(blocks), threads, 0, s,
               static_cast<const In*>(x), ldx, static_cast<const W*>(w), static_cast<Out*>(y), ldy, groups, group,
-              eps, early_trigger());
+              eps);
         }
       });
     });
@@ -154,7 +154,7 @@ bool rms_inv_supported(const void* x, int64_t ldx, int64_t cols) {
 void rms_inv(const float* x, int64_t ldx, int64_t rows, int64_t cols, float eps, float* inv, cudaStream_t s) {
   if (rows == 0) return;
   launch_kernel("rms_inv", rms_norm_vec_kernel<float, float, float, true>, static_cast<unsigned>(rows),
-                vec_threads(cols), 0, s, x, ldx, nullptr, nullptr, 0, 1, cols, eps, inv, false);
+                vec_threads(cols), 0, s, x, ldx, nullptr, nullptr, 0, 1, cols, eps, inv);
 }
 
 }  // namespace dflash::cuda

@@ -95,8 +95,7 @@ template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const void* __restrict__ xv, int64_t ldx, const __nv_bfloat16* __restrict__ w, int64_t ldw,
                       Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const float* __restrict__ inv, const float* __restrict__ nw, bool w_uploaded,
-                      bool two_batches_early) {
+                      const float* __restrict__ inv, const float* __restrict__ nw, bool w_uploaded) {
   const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(xv);
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -142,12 +141,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
     }
   };
-  // An uploaded weight is never written by a kernel, so its first batch (or two) may be in
-  // flight while the kernel before this one finishes (launch.cuh); anything else waits first.
+  // An uploaded weight is never written by a kernel, so its first batch may be in flight
+  // while the kernel before this one finishes (launch.cuh); anything else waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
-  const bool next_early = w_uploaded && two_batches_early && active && c_begin + U < c_end;
   if (w_uploaded && active) load(cur, c_begin);
-  if (next_early) load(next, c_begin + U);
   grid_dependency_begin();
   if (!w_uploaded && active) load(cur, c_begin);
 
@@ -164,7 +161,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       }
 
     for (int c = c_begin; c < c_end; c += U) {
-      if (c + U < c_end && !(next_early && c == c_begin)) load(next, c + U);
+      if (c + U < c_end) load(next, c + U);
       if constexpr (XF != kPlain) {
         // Transformed x, one step at a time. A half tile (8 rows) with no row below M is
         // skipped as a whole (warp-uniform), so one row costs one half's transform; lanes of
@@ -261,44 +258,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-// Process-wide settings, read once (so they can never split a row alone from the same row in a
-// block). Tensor cores are used when the kernel exists in this binary for this device: a build
-// whose only PTX predates sm_80 (CMake's default CUDA architecture on some toolkits) has it
-// compiled to a trap. Two environment variables exist for measuring on the GPU without a
-// rebuild: DFLASH_SKINNY_MMA=0 forces the CUDA-core kernels (to compare against them), and
-// DFLASH_SKINNY_TARGET_WARPS=n replaces the wave rule by a K-split target of n warps.
-struct MmaSettings {
-  bool enabled = false;
-  bool two_batches_early = false;  // DFLASH_PREWAIT_BATCHES=2: two weight batches before the wait
-  int64_t target_warps = kTargetWarps;
-  int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
-};
-
-const MmaSettings& mma_settings() {
-  static const MmaSettings settings = [] {
-    MmaSettings m;
-    cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, skinny_mma_kernel<1, 1, float>) == cudaSuccess)
-      m.enabled = a.ptxVersion >= 80 && a.binaryVersion >= 80;
-    else
-      (void)cudaGetLastError();  // not sticky: the fallback kernels still run
-    if (const char* e = std::getenv("DFLASH_SKINNY_MMA"); e && std::string(e) == "0") m.enabled = false;
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
-      m.block_slots = int64_t(sms) * 2;  // 8-warp blocks, two per SM (16 warps)
-    else
-      (void)cudaGetLastError();
-    if (const char* e = std::getenv("DFLASH_PREWAIT_BATCHES")) m.two_batches_early = std::string(e) == "2";
-    if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) {
-      m.target_warps = std::atoll(e);
-      m.block_slots = 0;
-    }
-    return m;
-  }();
-  return settings;
-}
-
 template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv = nullptr,
@@ -308,7 +267,7 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   const int G = kWarps / S;
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G),
                 kWarps * 32, 0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M,
-                N, K, S, accumulate, inv, nw, w_uploaded, mma_settings().two_batches_early);
+                N, K, S, accumulate, inv, nw, w_uploaded);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -360,6 +319,41 @@ void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* 
   }
 }
 
+// Process-wide settings, read once (so they can never split a row alone from the same row in a
+// block). Tensor cores are used when the kernel exists in this binary for this device: a build
+// whose only PTX predates sm_80 (CMake's default CUDA architecture on some toolkits) has it
+// compiled to a trap. Two environment variables exist for measuring on the GPU without a
+// rebuild: DFLASH_SKINNY_MMA=0 forces the CUDA-core kernels (to compare against them), and
+// DFLASH_SKINNY_TARGET_WARPS=n replaces the wave rule by a K-split target of n warps.
+struct MmaSettings {
+  bool enabled = false;
+  int64_t target_warps = kTargetWarps;
+  int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
+};
+
+const MmaSettings& mma_settings() {
+  static const MmaSettings settings = [] {
+    MmaSettings m;
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, skinny_mma_kernel<1, 1, float>) == cudaSuccess)
+      m.enabled = a.ptxVersion >= 80 && a.binaryVersion >= 80;
+    else
+      (void)cudaGetLastError();  // not sticky: the fallback kernels still run
+    if (const char* e = std::getenv("DFLASH_SKINNY_MMA"); e && std::string(e) == "0") m.enabled = false;
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
+      m.block_slots = int64_t(sms) * 2;  // 8-warp blocks, two per SM (16 warps)
+    else
+      (void)cudaGetLastError();
+    if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) {
+      m.target_warps = std::atoll(e);
+      m.block_slots = 0;
+    }
+    return m;
+  }();
+  return settings;
+}
 
 // ---------------------------------------------------------------------------------------------
 // CUDA-core fallbacks. One warp owns R rows of w; its lanes walk K in 16-byte chunks (8 bf16),
