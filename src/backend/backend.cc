@@ -4,11 +4,35 @@
 
 namespace dflash {
 
-void Backend::norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& y,
-                          bool accumulate) {
-  Tensor h = alloc(x.rows, x.cols, activation_dtype());
-  rms_norm(x, norm_w, eps, x.cols, h);
-  matmul(h, w, y, accumulate);
+void Backend::norm_rows(const Tensor& x, const Tensor& norm_w, float eps, NormedRows& out) {
+  rms_norm(x, norm_w, eps, x.cols, out.h);
+  out.partial = Tensor();
+  out.x = x;
+  out.norm_w = norm_w;
+  out.eps = eps;
+  out.deferred = false;
+}
+
+void Backend::matmul_add_norm(const Tensor& a, const Tensor& w, Tensor& x, const Tensor& norm_w, float eps,
+                              NormedRows& out) {
+  matmul(a, w, x, /*accumulate=*/true);
+  norm_rows(x, norm_w, eps, out);
+}
+
+namespace {
+// The normalised rows of `in`, recomputed from its x where it was left deferred.
+Tensor normalised(Backend& b, const NormedRows& in) {
+  if (!in.deferred) return in.h;
+  Tensor h = b.alloc(in.x.rows, in.x.cols, b.activation_dtype());
+  b.rms_norm(in.x, in.norm_w, in.eps, in.x.cols, h);
+  return h;
+}
+}  // namespace
+
+void Backend::matmul_normed(const NormedRows& in, const Tensor& w, Tensor& y) { matmul(normalised(*this, in), w, y); }
+
+void Backend::matmul_silu_mul_normed(const NormedRows& in, const Tensor& w_gate_up, Tensor& act) {
+  matmul_silu_mul(normalised(*this, in), w_gate_up, act);
 }
 
 void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& act) {

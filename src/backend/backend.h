@@ -18,6 +18,27 @@ enum class AttentionMask {
   None,    // every query sees every key (the drafter's block)
 };
 
+// rms_norm(x; norm_w) over whole rows, as the input of the products after it (Backend's
+// norm_rows, matmul_add_norm and the *_normed products). A backend may keep it deferred: the
+// CUDA backend stores bf16(norm_w ⊙ x) and per-row partial sums of x², and the consuming
+// product scales each row's sums by its 1/rms, so the norm needs no launch between two
+// products. x must stay unchanged until the norm is consumed (a backend may recompute from it).
+struct NormedRows {
+  Tensor h;        // [rows, cols], the activation dtype: the normalised rows, or bf16(norm_w ⊙ x)
+  Tensor partial;  // deferred only: f32 [rows, parts], partial sums of x² over column ranges
+  Tensor x, norm_w;
+  float eps = 0.f;
+  bool deferred = false;
+
+  NormedRows slice_rows(int64_t begin, int64_t count) const {
+    NormedRows r = *this;
+    r.h = h.slice_rows(begin, count);
+    r.x = x.slice_rows(begin, count);
+    if (deferred) r.partial = partial.slice_rows(begin, count);
+    return r;
+  }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -55,9 +76,15 @@ class Backend {
   // overrides one where a single kernel saves launches and passes over memory. An override
   // must still give each row the same bits whatever the number of rows (docs/cuda.md).
   //
-  // y (+)= rms_norm(x; norm_w, eps) · wᵀ, the norm over each whole row of x.
-  virtual void norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& y,
-                           bool accumulate = false);
+  // out = rms_norm(x; norm_w, eps) as a product's input; out.h is allocated by the caller
+  // ([x.rows, x.cols], activation dtype), the rest by the backend.
+  virtual void norm_rows(const Tensor& x, const Tensor& norm_w, float eps, NormedRows& out);
+  // x += a · wᵀ, then out = rms_norm(x; norm_w, eps): a layer's residual add and the norm after it.
+  virtual void matmul_add_norm(const Tensor& a, const Tensor& w, Tensor& x, const Tensor& norm_w, float eps,
+                               NormedRows& out);
+  // y = in · wᵀ, and act = silu(in · w_gateᵀ) ⊙ (in · w_upᵀ) as matmul_silu_mul.
+  virtual void matmul_normed(const NormedRows& in, const Tensor& w, Tensor& y);
+  virtual void matmul_silu_mul_normed(const NormedRows& in, const Tensor& w_gate_up, Tensor& act);
   // act [T, I] = silu(x · w_gateᵀ) ⊙ (x · w_upᵀ) for w_gate_up [2I, K] (gate rows, then up
   // rows), each product rounded to the activation dtype first: matmul, then silu_mul.
   virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& act);

@@ -178,29 +178,48 @@ class Doctor {
 
   // The fused decoder steps (the CUDA backend fuses them for M <= 32; prefill composes the ops):
   // against the CPU, and bitwise against the test backend's own default composition.
-  void norm_matmul(int64_t M, int64_t K, int64_t N, bool accumulate) {
+  //
+  // A layer's residual add and the norm after it, then the product that norm feeds: x += a·woᵀ,
+  // y = rms_norm(x)·wᵀ (gate/up pairs: act = silu(·)⊙(·)). `first`: the norm starts the pass
+  // (norm_rows, no product before it). The CUDA backend leaves the norm to the products on each
+  // side (NormedRows), so the chain equals the CPU's within tolerance, not bitwise.
+  void deferred_norm(int64_t M, int64_t K, int64_t H, int64_t N, bool pair, bool first) {
     const DType dt = t_.activation_dtype();
-    const auto xh = random(M * K, 3.0f);
-    Tensor xt = to_test(xh, M, K, DType::F32), xr = r_.upload(xh.data(), M, K);  // the f32 residual stream
-    auto [nt, nr] = weight(1, K, 2.0f, /*vector=*/true);
-    auto [wt, wr] = weight(N, K, 1.0f / std::sqrt(float(K)));
-    const auto y0 = random(M * N);
-    Tensor yt = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
-    Tensor yc = accumulate ? to_test(y0, M, N, dt) : poisoned(M, N, dt);
-    Tensor yr = r_.upload(y0.data(), M, N);
-    t_.norm_matmul(xt, nt, 1e-6f, wt, yt, accumulate);
-    t_.Backend::norm_matmul(xt, nt, 1e-6f, wt, yc, accumulate);  // rms_norm, then matmul
-    r_.norm_matmul(xr, nr, 1e-6f, wr, yr, accumulate);
-    const auto got = fetch(t_, yt), composed = fetch(t_, yc), want = fetch(r_, yr);
-    Tensor ys = t_.alloc(M, N, dt);
-    const double us = time_us([&] { t_.norm_matmul(xt, nt, 1e-6f, wt, ys, false); }, ys);
-    const double us_composed = time_us([&] { t_.Backend::norm_matmul(xt, nt, 1e-6f, wt, ys, false); }, ys);
-    const std::string sh = shape("x", M, K) + " w" + dims(N, K) + (accumulate ? " +=" : "");
-    char note[96];
-    std::snprintf(note, sizeof note, "%.0f GB/s of weights; rms_norm + matmul %.1f us", double(N * K * 2) / (us * 1e3),
-                  us_composed);
-    report("norm_matmul", sh, got, want, tol_for(dt), us, note);
-    bitwise("norm_matmul=", sh + " fused", got, composed, "== rms_norm + matmul, bitwise");
+    auto [at, ar] = activation(random(M * K, 3.0f), M, K);
+    auto [wot, wor] = weight(H, K, 1.0f / std::sqrt(float(K)));
+    auto [nt, nr] = weight(1, H, 2.0f, /*vector=*/true);
+    auto [wt, wr] = weight(N, H, 1.0f / std::sqrt(float(H)));
+    const auto x0 = random(M * H, 3.0f);
+    const int64_t out_cols = pair ? N / 2 : N;
+    auto chain = [&](Backend& b, const Tensor& a, const Tensor& wo, const Tensor& nw, const Tensor& w, Tensor& x,
+                     Tensor& y) {
+      NormedRows normed;
+      normed.h = b.alloc(x.rows, H, b.activation_dtype());
+      if (first) b.norm_rows(x, nw, 1e-6f, normed);
+      else b.matmul_add_norm(a, wo, x, nw, 1e-6f, normed);
+      if (pair) b.matmul_silu_mul_normed(normed, w, y);
+      else b.matmul_normed(normed, w, y);
+    };
+    Tensor xt = to_test(x0, M, H, DType::F32), xr = r_.upload(x0.data(), M, H);
+    Tensor yt = poisoned(M, out_cols, dt), yr = r_.alloc(M, out_cols, r_.activation_dtype());
+    chain(t_, at, wot, nt, wt, xt, yt);
+    chain(r_, ar, wor, nr, wr, xr, yr);
+    const std::string sh = shape("x", M, H) + (first ? "" : " wo" + dims(H, K)) + " w" + dims(N, H) +
+                           (pair ? " silu" : "");
+    const auto x_got = fetch(t_, xt), x_want = fetch(r_, xr), got = fetch(t_, yt), want = fetch(r_, yr);
+    const double us = time_us([&] { chain(t_, at, wot, nt, wt, xt, yt); }, yt);  // x drifts: checked above
+    if (!first) report("matmul_add_norm", sh + " x", x_got, x_want, 1e-4, 0, "the residual, x += a·woᵀ");
+    report(pair ? "silu_mul_normed" : "matmul_normed", sh, got, want, tol_for(dt), us,
+           first ? "norm_rows, then the product" : "product + residual + norm, then the product");
+    if (M == 1) return;
+    // Each row alone through the chain == the same row inside the block, bitwise.
+    Tensor xb = to_test(x0, M, H, DType::F32), yb = poisoned(M, out_cols, dt);
+    chain(t_, at, wot, nt, wt, xb, yb);
+    rows_alone(pair ? "silu_mul_normed=" : "matmul_normed=", sh + " row-alone", fetch(t_, yb), M, out_cols,
+               [&](int64_t m, Tensor& y1) {
+                 Tensor x1 = to_test(std::vector<float>(x0.begin() + m * H, x0.begin() + (m + 1) * H), 1, H, DType::F32);
+                 chain(t_, at.slice_rows(m, 1), wot, nt, wt, x1, y1);
+               });
   }
 
   // The gate/up product with the activation: act = silu(x·w_gateᵀ) ⊙ (x·w_upᵀ).
@@ -223,18 +242,6 @@ class Doctor {
                   double(2 * I * K * 2) / (us * 1e3), us_composed);
     report("matmul_silu_mul", sh, got, want, tol_for(dt), us, note);
     bitwise("matmul_silu_mul=", sh + " paired", got, composed, "== matmul + silu_mul, bitwise");
-  }
-
-  // Each row alone through the fused step == the same row inside the M-row block, bitwise.
-  void norm_matmul_batch_invariance(int64_t M, int64_t K, int64_t N) {
-    const DType dt = t_.activation_dtype();
-    Tensor xt = to_test(random(M * K, 3.0f), M, K, DType::F32);
-    auto [nt, nr] = weight(1, K, 2.0f, /*vector=*/true);
-    auto [wt, wr] = weight(N, K, 1.0f / std::sqrt(float(K)));
-    Tensor yb = poisoned(M, N, dt);
-    t_.norm_matmul(xt, nt, 1e-6f, wt, yb);
-    rows_alone("norm_matmul=", shape("x", M, K) + " w" + dims(N, K) + " row-alone", fetch(t_, yb), M, N,
-               [&](int64_t m, Tensor& y1) { t_.norm_matmul(xt.slice_rows(m, 1), nt, 1e-6f, wt, y1); });
   }
 
   void matmul_silu_mul_batch_invariance(int64_t M, int64_t K, int64_t I) {
@@ -550,19 +557,20 @@ int run_doctor(const DoctorArgs& a) {
   d.matmul_batch_invariance(32, 384, 4160, DType::F32);
   d.matmul_batch_invariance(7, 64, 256, DType::F32);
 
-  // Fused decoder steps at 8B shapes: input norm + q/k/v, post-attention norm + gate/up,
-  // gate/up + SwiGLU.
+  // Fused decoder steps at 8B shapes: o_proj + residual + norm + q/k/v (or gate/up + SwiGLU),
+  // the first norm of a pass + q/k/v, gate/up + SwiGLU, down + residual + norm + LM head.
   for (int64_t M : {1, 16, 32}) {
-    d.norm_matmul(M, 4096, 6144, false);
-    if (!q || M == 1) d.norm_matmul(M, 4096, 24576, false);
+    d.deferred_norm(M, 4096, 4096, 6144, false, false);
+    if (!q || M == 1) d.deferred_norm(M, 4096, 4096, 24576, true, false);
     d.matmul_silu_mul(M, 4096, 12288);
   }
-  d.norm_matmul(3, 64, 96, true);     // small, odd
+  d.deferred_norm(16, 4096, 4096, 6144, false, true);
+  if (!q) d.deferred_norm(15, 12288, 4096, 151936, false, false);
+  d.deferred_norm(3, 64, 64, 96, false, false);  // small, odd
+  d.deferred_norm(5, 61, 40, 96, true, false);   // no tensor cores: the default composition
   d.matmul_silu_mul(5, 64, 40);
-  d.norm_matmul(40, 4096, 1024, false);  // prefill: the default composition
+  d.deferred_norm(40, 1024, 4096, 1024, false, false);  // prefill: the default composition
   d.matmul_silu_mul(40, 512, 256);
-  d.norm_matmul_batch_invariance(16, 4096, 6144);
-  d.norm_matmul_batch_invariance(32, 4096, 2048);
   d.matmul_silu_mul_batch_invariance(16, 4096, 12288);
   d.matmul_silu_mul_batch_invariance(32, 1024, 4096);
 

@@ -255,12 +255,17 @@ Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size
   Tensor x = b.alloc(B, H, DType::F32);  // the residual stream, f32 as in the target
   b.embed(ids, target_.embed_tokens(), x);
   DecoderScratch scratch = make_decoder_scratch(b, c, B);
-  for (size_t l = 0; l < layers_.size(); ++l)
-    decoder_layer_attention_mlp(b, layers_[l], c, rope_, x, pos, state.kv(l), s, s + B, AttentionMask::None, scratch);
-  Tensor normed = scratch.h.slice_rows(0, R - 1);
-  b.rms_norm(x.slice_rows(1, R - 1), final_norm_, eps, H, normed);
+  NormedRows normed;
+  normed.h = scratch.h.slice_rows(0, B);
+  b.norm_rows(x, layers_[0].input_norm, eps, normed);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
+    decoder_layer_attention_mlp(b, layers_[l], c, rope_, x, normed, next_norm, pos, state.kv(l), s, s + B,
+                                AttentionMask::None, scratch);
+  }
+  // Rows 1 … R − 1 predict the drafted tokens; normed holds every row's final norm.
   Tensor logits = b.alloc(R - 1, target_.config().vocab_size, DType::F32);  // logits stay f32 on every backend
-  target_.project_to_vocab(normed, logits);
+  target_.project_to_vocab(normed.slice_rows(1, R - 1), logits);
   return logits;
 }
 

@@ -64,25 +64,25 @@ void write_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, co
 }
 
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
-                                 const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,
-                                 KvCache& cache, int64_t kv_pos0, int64_t kv_len, AttentionMask mask,
-                                 DecoderScratch& s) {
+                                 const RopeTable& rope, Tensor& x, NormedRows& normed, const Tensor& next_norm,
+                                 const std::vector<int32_t>& q_pos, KvCache& cache, int64_t kv_pos0, int64_t kv_len,
+                                 AttentionMask mask, DecoderScratch& s) {
   const int64_t T = x.rows, D = c.head_dim;
   const int64_t q_cols = int64_t(c.num_attention_heads) * D, kv_cols = int64_t(c.num_key_value_heads) * D;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Tensor qkv = s.qkv.slice_rows(0, T), attn = s.attn.slice_rows(0, T);
-  b.norm_matmul(x, w.input_norm, eps, w.qkv_proj, qkv);
+  b.matmul_normed(normed, w.qkv_proj, qkv);
   Tensor q = qkv.slice_cols(0, q_cols);
   Tensor k_dst = cache.k.slice_rows(kv_pos0, T), v_dst = cache.v.slice_rows(kv_pos0, T);
   b.qk_norm_rope_store(q, qkv.slice_cols(q_cols, kv_cols), qkv.slice_cols(q_cols + kv_cols, kv_cols), w.q_norm,
                        w.k_norm, eps, q_pos, D, rope, k_dst, v_dst);
   b.attention(q, cache.k, cache.v, kv_len, q_pos[0], D, mask, attn);
-  b.matmul(attn, w.o_proj, x, /*accumulate=*/true);
-
-  Tensor h = s.h.slice_rows(0, T), act = s.act.slice_rows(0, T);
-  b.rms_norm(x, w.post_attention_norm, eps, x.cols, h);
-  b.matmul_silu_mul(h, w.gate_up_proj, act);
-  b.matmul(act, w.down_proj, x, /*accumulate=*/true);
+  // The residual adds and the norms after them: normed.h (s.h) is reused, each norm being
+  // consumed by the product right after it.
+  b.matmul_add_norm(attn, w.o_proj, x, w.post_attention_norm, eps, normed);
+  Tensor act = s.act.slice_rows(0, T);
+  b.matmul_silu_mul_normed(normed, w.gate_up_proj, act);
+  b.matmul_add_norm(act, w.down_proj, x, next_norm, eps, normed);
 }
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, Backend& b) {
@@ -130,8 +130,8 @@ int64_t Qwen3Model::weight_bytes_per_token() const {
 
 int64_t Qwen3Model::lm_head_bytes() const { return lm_head_.nbytes(); }
 
-void Qwen3Model::project_to_vocab(const Tensor& normed_hidden, Tensor& logits) const {
-  backend_.matmul(normed_hidden, lm_head_, logits);
+void Qwen3Model::project_to_vocab(const NormedRows& normed_hidden, Tensor& logits) const {
+  backend_.matmul_normed(normed_hidden, lm_head_, logits);
 }
 
 ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_t>& tokens,
@@ -161,26 +161,29 @@ ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_
 
   ForwardOutput out;
   if (!feature_layers.empty()) out.features = b.alloc(T, H * int64_t(feature_layers.size()), dt);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  NormedRows normed;
+  normed.h = scratch.h.slice_rows(0, T);
+  b.norm_rows(x, layers_[0].input_norm, eps, normed);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    decoder_layer_attention_mlp(b, layers_[i], c, rope_, x, positions, state.kv(i), pos0, pos0 + T,
+    const Tensor& next_norm = i + 1 < c.num_hidden_layers ? layers_[i + 1].input_norm : final_norm_;
+    decoder_layer_attention_mlp(b, layers_[i], c, rope_, x, normed, next_norm, positions, state.kv(i), pos0, pos0 + T,
                                 AttentionMask::Causal, scratch);
     for (size_t k = 0; k < feature_layers.size(); ++k) {
       if (feature_layers[k] != i) continue;
       Tensor dst = out.features.slice_cols(int64_t(k) * H, H);
       // transformers' hidden_states[L] (what drafters are trained on) is taken after the
       // final norm; every earlier entry is the raw residual stream.
-      if (i == c.num_hidden_layers - 1) b.rms_norm(x, final_norm_, static_cast<float>(c.rms_norm_eps), H, dst);
+      if (i == c.num_hidden_layers - 1) b.rms_norm(x, final_norm_, eps, H, dst);
       else b.copy(x, dst);
     }
   }
   state.advance(T);
 
+  // normed: the final norm of every row (left by the last layer).
   const int64_t rows = all_logits ? T : 1;
-  Tensor last = x.slice_rows(T - rows, rows);
-  Tensor normed = scratch.h.slice_rows(0, rows);
-  b.rms_norm(last, final_norm_, static_cast<float>(c.rms_norm_eps), H, normed);
   out.logits = b.alloc(rows, c.vocab_size, DType::F32);  // f32 on every backend: sampling and argmax need it
-  project_to_vocab(normed, out.logits);
+  project_to_vocab(normed.slice_rows(T - rows, rows), out.logits);
   return out;
 }
 

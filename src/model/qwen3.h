@@ -62,9 +62,9 @@ class Qwen3Model {
 
   // Borrowed by the drafter.
   const Tensor& embed_tokens() const { return embed_; }
-  // logits = hidden · lm_headᵀ, on hidden states already normalised (the drafter applies its
+  // logits = hidden · lm_headᵀ, on normalised hidden states (the drafter normalises with its
   // own final norm before borrowing this).
-  void project_to_vocab(const Tensor& normed_hidden, Tensor& logits) const;
+  void project_to_vocab(const NormedRows& normed_hidden, Tensor& logits) const;
 
  private:
   Qwen3Model(Backend& b) : backend_(b) {}
@@ -80,13 +80,15 @@ class Qwen3Model {
 // One decoder layer over x [T, H] in place. q rows sit at positions `q_pos`; keys/values of
 // these rows are written to `cache` rows kv_pos0 … and attention covers cache rows
 // 0 … kv_len − 1 with `mask`. Shared by the target (causal) and the drafter (block).
+// `normed` holds rms_norm(x; w.input_norm) on entry (Backend::NormedRows, its h in s.h) and
+// rms_norm(x; next_norm) on exit: the next layer's input norm, or the final norm.
 struct DecoderScratch {
   Tensor h, qkv, attn, act;
 };
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
-                                 const RopeTable& rope, Tensor& x, const std::vector<int32_t>& q_pos,
-                                 KvCache& cache, int64_t kv_pos0, int64_t kv_len, AttentionMask mask,
-                                 DecoderScratch& s);
+                                 const RopeTable& rope, Tensor& x, NormedRows& normed, const Tensor& next_norm,
+                                 const std::vector<int32_t>& q_pos, KvCache& cache, int64_t kv_pos0, int64_t kv_len,
+                                 AttentionMask mask, DecoderScratch& s);
 DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows);
 
 // Writes k_norm(k_proj(h)) with RoPE and v_proj(h) into cache rows pos0 … pos0 + T − 1

@@ -239,45 +239,109 @@ class CudaBackend final : public Backend {
     skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight, stream_);
   }
 
-  // norm_matmul for decode and verification rows, opt-in (DFLASH_CUDA_FUSE=1): the skinny
-  // kernel applies the norm (from a per-row inv_rms pre-pass) while it loads x, and the
-  // standalone rms_norm pass over x disappears. The normalised x is bit for bit what rms_norm
-  // would store, and the product then follows the plain skinny kernel's order, so the fused
-  // result equals the default composition and is batch invariant like it. Prefill
-  // (M > kSkinnyMaxRows), other dtypes, unaligned views and builds without tensor cores take
-  // the default composition.
-  void norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& y,
-                   bool accumulate) override {
-    const int64_t M = x.rows, N = w.rows, K = x.cols;
-    const bool fusable = fuse_enabled() && M <= kSkinnyMaxRows && x.device == DeviceKind::CUDA &&
-                         x.dtype == DType::F32 && norm_w.device == DeviceKind::CUDA && norm_w.dtype == DType::F32 &&
-                         norm_w.numel() == K && w.device == DeviceKind::CUDA && w.dtype == DType::BF16 &&
-                         w.cols == K && y.device == DeviceKind::CUDA && y.rows == M && y.cols == N &&
-                         (y.dtype == DType::F32 || y.dtype == DType::BF16) && K <= INT32_MAX && N <= INT32_MAX &&
-                         reinterpret_cast<uintptr_t>(norm_w.data) % 16 == 0 && rms_inv_supported(x.data, x.ld, K) &&
-                         skinny_norm_supported(x.data, x.ld, w.data, w.ld, int(N), int(K));
-    if (!fusable) return Backend::norm_matmul(x, norm_w, eps, w, y, accumulate);
-    if (M == 0 || N == 0) return;
-    auto inv = pool_->allocate(size_t(M) * sizeof(float), "norm_matmul");
-    OpTimer timer(prof_.get(), "norm_matmul M<=32", [&] {
-      return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + (accumulate ? " +=" : "");
-    });
-    cuda::rms_inv(x.ptr<float>(), x.ld, M, K, eps, static_cast<float*>(inv.get()), stream_);
-    skinny_matmul_norm(x.data, x.ld, static_cast<const float*>(inv.get()), norm_w.ptr<float>(),
-                        w.data, w.ld, y.data, y.ld, elem_of(y, "norm_matmul"), int(M), int(N), int(K), accumulate,
-                        w.weight, stream_);
-  }
-
-  // Opt-in (DFLASH_CUDA_FUSE=1): on the H200 the fused kernel measured slower than the two
-  // launches it replaces (doctor, 2026-11-29: norm_matmul 1x4096x24576 77 us against 67 us
-  // composed), since every block repeats the transform. Read once per process; both paths give
-  // the same bits, so it cannot split a row alone from the same row in a block.
-  static bool fuse_enabled() {
+  // The RMSNorm between two products, deferred for decode and verification rows (M ≤ 32):
+  // the product before it (or norm_emit, for a pass's first norm) stores bf16(norm_w ⊙ x) and
+  // per-row partial sums of x², and the product after it scales its sums by each row's 1/rms
+  // (kernels.h, SkinnyNorm), so the norm costs no launch of its own. Rounding happens before
+  // the 1/rms instead of after it, the same relative error. Every condition reads shapes,
+  // dtypes, pointers and strides, never M beyond the prefill cut, so a row alone and in its
+  // block take the same path. DFLASH_DEFERRED_NORM=0 keeps rms_norm + product (to measure).
+  static bool deferred_norm_enabled() {
     static const bool on = [] {
-      const char* e = std::getenv("DFLASH_CUDA_FUSE");
-      return e && std::string(e) == "1";
+      const char* e = std::getenv("DFLASH_DEFERRED_NORM");
+      return !(e && std::string(e) == "0");
     }();
     return on;
+  }
+  static bool on_device(const Tensor& t, DType dt) { return t.device == DeviceKind::CUDA && t.dtype == dt; }
+  static bool aligned16(const Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && (t.ld * int64_t(dtype_size(t.dtype))) % 16 == 0;
+  }
+  bool deferrable(const Tensor& x, const Tensor& norm_w, const Tensor& h) const {
+    return deferred_norm_enabled() && x.rows <= kSkinnyMaxRows && on_device(x, DType::F32) &&
+           on_device(norm_w, DType::F32) && norm_w.numel() == x.cols && on_device(h, DType::BF16) &&
+           h.rows == x.rows && h.cols == x.cols && x.cols % 4 == 0 && x.cols <= 16384 && aligned16(x) &&
+           aligned16(h) && reinterpret_cast<uintptr_t>(norm_w.data) % 16 == 0;
+  }
+  static void remember(NormedRows& out, const Tensor& x, const Tensor& norm_w, float eps) {
+    out.x = x;
+    out.norm_w = norm_w;
+    out.eps = eps;
+  }
+
+  void norm_rows(const Tensor& x, const Tensor& norm_w, float eps, NormedRows& out) override {
+    if (!deferrable(x, norm_w, out.h)) return Backend::norm_rows(x, norm_w, eps, out);
+    out.partial = alloc(x.rows, 1, DType::F32);
+    remember(out, x, norm_w, eps);
+    out.deferred = true;
+    OpTimer timer(prof_.get(), "norm_rows (deferred)", [&] { return dims(x); });
+    norm_emit(x.ptr<float>(), x.ld, norm_w.ptr<float>(), out.h.ptr<__nv_bfloat16>(), out.h.ld,
+              out.partial.ptr<float>(), x.rows, x.cols, stream_);
+  }
+
+  void matmul_add_norm(const Tensor& a, const Tensor& w, Tensor& x, const Tensor& norm_w, float eps,
+                       NormedRows& out) override {
+    const int64_t M = a.rows, N = w.rows, K = a.cols;
+    const bool fused = deferrable(x, norm_w, out.h) && on_device(a, DType::BF16) && on_device(w, DType::BF16) &&
+                       w.cols == K && x.rows == M && x.cols == N && N <= INT32_MAX && K <= INT32_MAX &&
+                       skinny_mma_applies(a.data, a.ld, w.data, w.ld, int(K));
+    if (!fused || M == 0) return Backend::matmul_add_norm(a, w, x, norm_w, eps, out);
+    const int parts = skinny_norm_parts(int(N), int(K));
+    out.partial = alloc(M, parts, DType::F32);
+    remember(out, x, norm_w, eps);
+    out.deferred = true;
+    SkinnyNorm emit;
+    emit.norm_w = norm_w.ptr<float>();
+    emit.h = out.h.ptr<__nv_bfloat16>();
+    emit.ldh = out.h.ld;
+    emit.partial_out = out.partial.ptr<float>();
+    emit.ld_partial = out.partial.ld;
+    OpTimer timer(prof_.get(), "matmul_add_norm M<=32",
+                  [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
+    skinny_matmul(a.data, a.ld, w.data, w.ld, x.data, x.ld, Elem::F32, int(M), int(N), int(K), true, w.weight,
+                  stream_, &emit);
+  }
+
+  // The consuming side: the product's sums times each row's 1/rms (SkinnyNorm).
+  SkinnyNorm consume(const NormedRows& in) const {
+    SkinnyNorm n;
+    n.partial_in = in.partial.ptr<float>();
+    n.ld_partial = in.partial.ld;
+    n.parts = static_cast<int>(in.partial.cols);
+    n.eps = in.eps;
+    return n;
+  }
+  bool consumable(const NormedRows& in, const Tensor& w) const {
+    return in.deferred && on_device(w, DType::BF16) && w.cols == in.h.cols && w.rows <= INT32_MAX &&
+           skinny_mma_applies(in.h.data, in.h.ld, w.data, w.ld, int(in.h.cols));
+  }
+
+  void matmul_normed(const NormedRows& in, const Tensor& w, Tensor& y) override {
+    if (!in.deferred) return matmul(in.h, w, y, false);
+    if (!consumable(in, w) || !(on_device(y, DType::F32) || on_device(y, DType::BF16)) || y.rows != in.h.rows ||
+        y.cols != w.rows)
+      return Backend::matmul_normed(in, w, y);
+    const int64_t M = in.h.rows, N = w.rows, K = in.h.cols;
+    if (M == 0 || N == 0) return;
+    const SkinnyNorm n = consume(in);
+    OpTimer timer(prof_.get(), "matmul_normed M<=32",
+                  [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
+    skinny_matmul(in.h.data, in.h.ld, w.data, w.ld, y.data, y.ld, elem_of(y, "matmul_normed"), int(M), int(N),
+                  int(K), false, w.weight, stream_, &n);
+  }
+
+  void matmul_silu_mul_normed(const NormedRows& in, const Tensor& w, Tensor& act) override {
+    if (!in.deferred) return matmul_silu_mul(in.h, w, act);
+    const int64_t M = in.h.rows, N = w.rows, K = in.h.cols;
+    if (!consumable(in, w) || !on_device(act, DType::BF16) || act.rows != M || 2 * act.cols != N ||
+        !skinny_silu_pair_supported(in.h.data, in.h.ld, w.data, w.ld, int(N), int(K)))
+      return Backend::matmul_silu_mul_normed(in, w, act);
+    if (M == 0 || N == 0) return;
+    const SkinnyNorm n = consume(in);
+    OpTimer timer(prof_.get(), "matmul_silu_mul_normed M<=32",
+                  [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
+    skinny_matmul_silu_mul(in.h.data, in.h.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight,
+                           stream_, &n);
   }
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) override {

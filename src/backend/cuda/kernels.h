@@ -11,42 +11,57 @@
 
 namespace dflash::cuda {
 
+// The deferred RMSNorm between two skinny products (Backend::NormedRows). An emitting product
+// (partial_out set; y the f32 residual, accumulated) also stores h = bf16(norm_w ⊙ y) and, per
+// row, one partial Σ y² per block over the block's columns (skinny_norm_parts(N, K) of them,
+// at partial_out[m · ld_partial + block]). A consuming product (partial_in set) multiplies each
+// row's sums by rsqrt(Σ partials / K + eps), the partials added in a fixed order, before its
+// epilogue rounds them: so rms_norm(y) · wᵀ costs no launch of its own, and each number still
+// depends only on its own row (batch invariance below).
+struct SkinnyNorm {
+  const float* norm_w = nullptr;    // emit: the norm's weight, f32 [N]
+  __nv_bfloat16* h = nullptr;       // emit: [M, N]
+  int64_t ldh = 0;
+  float* partial_out = nullptr;     // emit
+  const float* partial_in = nullptr;  // consume
+  int64_t ld_partial = 0;           // either side
+  int parts = 0;                    // consume: partials per row
+  float eps = 0.f;                  // consume
+};
+
 // y[m, n] (+)= Σ_k x[m, k] · w[n, k], bf16 x and w, f32 accumulation, M ≤ kSkinnyMaxRows.
 // Every output is reduced in the same order whatever M is, so a row computed alone (plain
 // decoding) and inside a block (speculative verification) is bit-identical: that is what
 // makes greedy speculative output equal plain output on this backend.
 // w_uploaded: w is a weight from upload_weight, which no kernel writes, so the kernel may start
 // reading it before the kernel ahead of it in the stream has finished (launch.cuh).
+// norm (only where skinny_mma_applies): emit or consume a deferred norm, see SkinnyNorm.
 constexpr int kSkinnyMaxRows = 32;
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem,
-                   int M, int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s);
-
-// The skinny product with the RMSNorm applied to x on its way in: x f32 [M, K],
-// y (+)= bf16(norm_w ⊙ x[m] · inv_rms[m]) · wᵀ (inv_rms from rms_inv). The normalised x equals,
-// bit for bit, what rms_norm would store, and the product then takes the plain skinny kernel's
-// tiling and order: the fused result equals the unfused one and is batch invariant like it.
-// Only where skinny_norm_supported() (tensor cores, K % 32 == 0, aligned rows; judged from
-// pointers, strides, N and K, never M).
-bool skinny_norm_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
-void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
-                         const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M, int N, int K,
-                         bool accumulate, bool w_uploaded, cudaStream_t s);
+                   int M, int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s,
+                   const SkinnyNorm* norm = nullptr);
+// Whether the tensor-core kernel takes this product (judged from pointers, strides and K).
+bool skinny_mma_applies(const void* x, int64_t ldx, const void* w, int64_t ldw, int K);
+// Partial sums per row an emitting product of a [N, K] weight writes (its block count).
+int skinny_norm_parts(int N, int K);
 
 // y[m, n] = silu(g)·u with g = bf16(x[m]·w[n]ᵀ), u = bf16(x[m]·w[N/2 + n]ᵀ) for w = [gate; up]
 // [N, K] and bf16 y [M, N/2]: matmul then silu_mul in one launch, the same bits. Only where
-// skinny_silu_pair_supported() (judged from pointers, strides, N and K, never M).
+// skinny_silu_pair_supported() (judged from pointers, strides, N and K, never M). norm: a
+// consumed deferred norm (g and u are scaled before rounding).
 bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
-                            int N, int K, bool w_uploaded, cudaStream_t s);
+                            int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm = nullptr);
+
+// The first deferred norm of a forward pass (no product before it): h = bf16(norm_w ⊙ x) and
+// one partial Σ x² per row (ld_partial = 1), for f32 x [rows, cols] with 16-byte-aligned rows
+// and cols % 4 == 0.
+void norm_emit(const float* x, int64_t ldx, const float* norm_w, __nv_bfloat16* h, int64_t ldh, float* partial,
+               int64_t rows, int64_t cols, cudaStream_t s);
 
 // Each `group` consecutive elements of a row: y = w ⊙ x / rms(x); in place allowed.
 void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_elem, void* y, int64_t ldy,
               Elem y_elem, int64_t rows, int64_t cols, int64_t group, float eps, cudaStream_t s);
-// inv[r] = rsqrt(mean(x[r]²) + eps) for f32 rows of `cols`, reduced exactly as rms_norm's vector
-// kernel reduces a group of that size (so norm + product fused equals the two ops). Only where
-// rms_inv_supported() (16-byte-aligned rows, cols % 4 == 0, cols ≤ 16384).
-bool rms_inv_supported(const void* x, int64_t ldx, int64_t cols);
-void rms_inv(const float* x, int64_t ldx, int64_t rows, int64_t cols, float eps, float* inv, cudaStream_t s);
 
 // Rotate-half RoPE in place on bf16 x [rows, heads·head_dim]; position of row r is
 // positions[r] when `positions` is non-null, else pos0 + r. cos/sin: [table rows, head_dim/2].

@@ -7,10 +7,10 @@
 // 1024-thread block, then one warp butterfly and one pass over the warps' partial sums. The
 // scalar kernel is the general case. In both, the block shape and every thread's share of the
 // group depend on the group size alone, so a row's sum of squares is added in the same order
-// whatever the number of rows (batch invariance, docs/cuda.md). The vector kernel's reduction
-// also gives the fused norm + matmul its inv_rms (rms_inv below), so the two paths agree bit
-// for bit.
+// whatever the number of rows (batch invariance, docs/cuda.md). The vector kernel also starts
+// a forward pass's deferred norm (norm_emit below, kernels.h's SkinnyNorm).
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -67,11 +67,12 @@ int vec_threads(int64_t group) { return static_cast<int>(std::min<int64_t>(1024,
 // One block of vec_threads(group) threads per (row, group). Thread i owns vectors i, i + T, …
 // (at most kMaxVecPerThread); its sum of squares adds them in that order, each vector's four
 // squares left to right; then the warp butterfly; then the warps' sums in warp order.
-// INV_ONLY: writes the row's inv_rms to inv[r] (groups must be 1) and nothing else.
-template <typename In, typename W, typename Out, bool INV_ONLY>
+// EMIT (the first deferred norm of a pass, norm_emit below): y = w ⊙ x without the 1/rms,
+// and the row's sum of squares to partial_out[r] (groups must be 1).
+template <typename In, typename W, typename Out, bool EMIT>
 __global__ void __launch_bounds__(1024)
     rms_norm_vec_kernel(const In* x, int64_t ldx, const W* w, Out* y, int64_t ldy, int64_t groups, int64_t group,
-                        float eps, float* inv_out) {
+                        float eps, float* partial_out) {
   grid_dependency_begin();
   const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
   const In* in = x + r * ldx + g * group;
@@ -90,9 +91,10 @@ __global__ void __launch_bounds__(1024)
   __shared__ float partial[32];
   const float total = block_sum(ss, partial);  // its barrier also protects y aliasing x
   const float inv = rsqrtf(total / static_cast<float>(group) + eps);
-  if constexpr (INV_ONLY) {
-    if (threadIdx.x == 0) inv_out[r] = inv;
-  } else {
+  if constexpr (EMIT) {
+    if (threadIdx.x == 0) partial_out[r] = total;
+  }
+  {
     Out* out = y + r * ldy + g * group;
 #pragma unroll
     for (int j = 0; j < kMaxVecPerThread; ++j) {
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(1024)
         float wv[4], o[4];
         load4(w + 4 * i, wv);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = __fmul_rn(wv[e], __fmul_rn(v[j][e], inv));
+        for (int e = 0; e < 4; ++e) o[e] = EMIT ? __fmul_rn(wv[e], v[j][e]) : __fmul_rn(wv[e], __fmul_rn(v[j][e], inv));
         store4(out + 4 * i, o);
       }
     }
@@ -147,14 +149,14 @@ void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_ele
   });
 }
 
-bool rms_inv_supported(const void* x, int64_t ldx, int64_t cols) {
-  return vec_group(cols) && vec_aligned<float>(x, ldx);
-}
-
-void rms_inv(const float* x, int64_t ldx, int64_t rows, int64_t cols, float eps, float* inv, cudaStream_t s) {
+void norm_emit(const float* x, int64_t ldx, const float* norm_w, __nv_bfloat16* h, int64_t ldh, float* partial,
+               int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows == 0) return;
-  launch_kernel("rms_inv", rms_norm_vec_kernel<float, float, float, true>, static_cast<unsigned>(rows),
-                vec_threads(cols), 0, s, x, ldx, nullptr, nullptr, 0, 1, cols, eps, inv);
+  if (!vec_group(cols) || !vec_aligned<float>(x, ldx) || !vec_aligned<float>(norm_w, 0) ||
+      !vec_aligned<__nv_bfloat16>(h, ldh))
+    throw Error("cuda norm_emit: rows of " + std::to_string(cols) + " need 16-byte-aligned vectors of 4");
+  launch_kernel("rms_norm", rms_norm_vec_kernel<float, float, __nv_bfloat16, true>, static_cast<unsigned>(rows),
+                vec_threads(cols), 0, s, x, ldx, norm_w, h, ldh, 1, cols, 0.f, partial);
 }
 
 }  // namespace dflash::cuda

@@ -15,6 +15,7 @@
 // rows must not go through it while plain decoding rows go through this file.
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -51,52 +52,24 @@ constexpr int kWarps = 8;
 constexpr int kTargetWarps = 2048;   // ≈ 132 SMs × 16 warps: enough loads in flight for HBM3e
 constexpr int kMinSliceChunks = 8;   // a K slice of at least 256 elements per warp
 
-// What the kernel does to x on its way to the tensor cores (see skinny_matmul_norm in kernels.h).
-// Each yields, for a 16-byte unit of 8 elements, exactly the bf16 the standalone kernel would
-// have stored (rms_norm.cu), so a fused product equals the unfused one bit for
-// bit and inherits its batch invariance.
-enum XForm : int {
-  kPlain = 0,   // x bf16 as is
-  kNorm = 1,    // x f32; h = bf16(norm_w[k] · (x[k] · inv_rms[m]))
+// What the epilogue does besides storing y (the deferred RMSNorm, SkinnyNorm in kernels.h).
+enum Epilogue : int {
+  kEpiPlain = 0,
+  kEpiEmitNorm = 1,  // y is the f32 residual: also h = bf16(norm_w ⊙ y) and Σ y² per row over the block's columns
+  kEpiScaleInv = 2,  // each output times its row's 1/rms, from the partial sums an emitting product wrote
 };
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);  // .x (lo) at the lower address
-  return *reinterpret_cast<const uint32_t*>(&p);
-}
-
-// The transformed 16-byte unit `unit` (elements 8·unit … 8·unit+7) of row m of x.
-template <int XF>
-__device__ __forceinline__ uint4 load_x_unit(const void* __restrict__ x, int64_t ldx, int m, int64_t unit,
-                                             const float* __restrict__ inv, const float* __restrict__ nw) {
-  if constexpr (XF == kNorm) {
-    const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + int64_t(m) * ldx) + 2 * unit;
-    const float4* wv = reinterpret_cast<const float4*>(nw) + 2 * unit;
-    const float4 x0 = __ldg(row), x1 = __ldg(row + 1), w0 = __ldg(wv), w1 = __ldg(wv + 1);
-    const float r = __ldg(inv + m);
-    const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const float ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    float h[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) h[e] = __fmul_rn(ws[e], __fmul_rn(xs[e], r));
-    return make_uint4(pack_bf16x2(h[0], h[1]), pack_bf16x2(h[2], h[3]), pack_bf16x2(h[4], h[5]),
-                      pack_bf16x2(h[6], h[7]));
-  } else {
-    return __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(x) + int64_t(m) * ldx) + unit);
-  }
-}
 
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
 // and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    skinny_mma_kernel(const void* __restrict__ xv, int64_t ldx, const __nv_bfloat16* __restrict__ w, int64_t ldw,
-                      Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const float* __restrict__ inv, const float* __restrict__ nw, bool w_uploaded) {
-  const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(xv);
+    skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
+                      int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
+                      const SkinnyNorm norm, bool w_uploaded) {
+  static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
   constexpr int kRows = NT * 8;                // rows of w per warp
@@ -162,36 +135,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
     for (int c = c_begin; c < c_end; c += U) {
       if (c + U < c_end) load(next, c + U);
-      if constexpr (XF != kPlain) {
-        // Transformed x, one step at a time. A half tile (8 rows) with no row below M is
-        // skipped as a whole (warp-uniform), so one row costs one half's transform; lanes of
-        // rows at or past M transform row 0 and keep zeros. The values do not depend on M.
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (c + u >= c_end) break;
-          uint4 a[MT][2];
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              a[mt][h] = make_uint4(0, 0, 0, 0);
-              if (mt * 16 + h * 8 < M) {
-                const int m = mt * 16 + h * 8 + g;
-                const uint4 v = load_x_unit<XF>(xv, ldx, xin[mt][h] ? m : 0, int64_t(4) * (c + u) + t, inv, nw);
-                if (xin[mt][h]) a[mt][h] = v;
-              }
-            }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              const uint4 b = cur[u][nt];
-              const uint4 lo = a[mt][0], hi = a[mt][1];
-              mma_bf16_16x8x16(acc[mt][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-              mma_bf16_16x8x16(acc[mt][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
-            }
-        }
-      } else {
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
       constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -220,7 +163,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
             }
         }
       }
-      }  // XF == kPlain
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -235,39 +177,80 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
+
+  // Each row's 1/rms from the emitting product's partial sums (written before this kernel's
+  // wait): warp w takes rows w, w + 8, …; lane l adds partials l, l + 32, … in order, then the
+  // fixed butterfly. The same numbers for every M.
+  __shared__ float inv_rms[MT * 16];
+  if constexpr (EPI == kEpiScaleInv) {
+    for (int m = warp; m < M; m += kWarps) {
+      float ss = 0.f;
+      for (int b = lane; b < norm.parts; b += 32) ss += norm.partial_in[int64_t(m) * norm.ld_partial + b];
+      ss = warp_sum(ss);
+      if (lane == 0) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
+    }
+  }
   __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
   const int block_cols = G * kCols;
+  constexpr int kMaxBlockCols = kWarps * kCols;
+  __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
   for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
     const int m = i / block_cols, col = i % block_cols;
     const int64_t n = block_n0 + col;
-    if (n >= NO) continue;
+    if (n >= NO) {
+      if constexpr (EPI == kEpiEmitNorm) sq[m][col] = 0.f;
+      continue;
+    }
     const int grp = col / kCols, r = col % kCols;
     float sum = part[grp][m][r];
     for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
+    if constexpr (EPI == kEpiScaleInv) sum *= inv_rms[m];
     Out* dst = y + int64_t(m) * ldy + n;
     if constexpr (PAIR) {
       float up = part[grp][m][8 + r];
       for (int s = 1; s < S; ++s) up += part[s * G + grp][m][8 + r];
+      if constexpr (EPI == kEpiScaleInv) up *= inv_rms[m];
       *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
                                         __bfloat162float(__float2bfloat16_rn(up))));
     } else {
-      *dst = from_f32<Out>(accumulate ? to_f32(*dst) + sum : sum);
+      const float v = accumulate ? to_f32(*dst) + sum : sum;
+      *dst = from_f32<Out>(v);
+      if constexpr (EPI == kEpiEmitNorm) {
+        norm.h[int64_t(m) * norm.ldh + n] = __float2bfloat16_rn(norm.norm_w[n] * v);
+        sq[m][col] = v * v;
+      }
+    }
+  }
+  // Σ y² of each row over the block's columns, in column order (warp per row, lanes over
+  // columns, the fixed butterfly): one partial per (row, block), whatever M is.
+  if constexpr (EPI == kEpiEmitNorm) {
+    __syncthreads();
+    for (int m = warp; m < M; m += kWarps) {
+      float ss = 0.f;
+      for (int col = lane; col < block_cols; col += 32) ss += sq[m][col];
+      ss = warp_sum(ss);
+      if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + blockIdx.x] = ss;
     }
   }
 }
 
-template <int MT, int NT, typename Out, int XF = kPlain, bool PAIR = false>
-void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                int S, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv = nullptr,
-                const float* nw = nullptr) {
-  const int64_t cols_per_warp = PAIR ? 8 : NT * 8;
-  const int64_t groups = ((PAIR ? N / 2 : int64_t(N)) + cols_per_warp - 1) / cols_per_warp;
+// Blocks of the tensor-core kernel for a weight of N rows (N / 2 outputs when PAIR) at n8
+// tiles per warp NT and S K slices: what an emitting product writes partial sums for.
+int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
+  const int64_t cols_per_warp = pair ? 8 : NT * 8;
+  const int64_t groups = ((pair ? N / 2 : N) + cols_per_warp - 1) / cols_per_warp;
   const int G = kWarps / S;
-  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, XF, PAIR>, unsigned((groups + G - 1) / G),
-                kWarps * 32, 0, s, x, ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y), ldy, M,
-                N, K, S, accumulate, inv, nw, w_uploaded);
+  return (groups + G - 1) / G;
+}
+
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
+void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
+                int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
+  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(mma_blocks(N, NT, S, PAIR)),
+                kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w),
+                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -304,18 +287,17 @@ MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
   return m;
 }
 
-template <typename Out, int XF>
+template <typename Out, int EPI>
 void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                  const MmaTiling& tl, bool accumulate, bool w_uploaded, cudaStream_t s, const float* inv,
-                  const float* nw) {
+                  const MmaTiling& tl, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   // One m16 tile for up to 16 rows, two beyond: a row's arithmetic is the same in either.
   const int S = tl.S;
   if (M <= 16) {
-    if (tl.NT == 2) launch_mma<1, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
-    else launch_mma<1, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
+    if (tl.NT == 2) launch_mma<1, 2, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
+    else launch_mma<1, 1, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
   } else {
-    if (tl.NT == 2) launch_mma<2, 2, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
-    else launch_mma<2, 1, Out, XF>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, s, inv, nw);
+    if (tl.NT == 2) launch_mma<2, 2, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
+    else launch_mma<2, 1, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
   }
 }
 
@@ -558,7 +540,7 @@ void launch_vec(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
 }  // namespace
 
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M,
-                   int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s) {
+                   int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul: skinny kernel called with " + std::to_string(M) + " rows");
   // Every decision here reads N, K, pointers and strides, never M (see the top of the file).
@@ -568,10 +550,21 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   const MmaSettings& ms = mma_settings();
   const bool mma = vec && K % 32 == 0 && ms.enabled;
   const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots);
+  if (norm) {
+    if (!mma) throw Error("cuda matmul: a deferred norm on a product without the tensor-core kernel");
+    if (norm->partial_out && (y_elem != Elem::F32 || !accumulate))
+      throw Error("cuda matmul: only the f32 residual stream emits a deferred norm");
+    if (norm->partial_out) {
+      dispatch_mma<float, kEpiEmitNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, *norm, s);
+      return;
+    }
+  }
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
-    if (mma) {
-      dispatch_mma<Out, kPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, s, nullptr, nullptr);
+    if (norm) {
+      dispatch_mma<Out, kEpiScaleInv>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, *norm, s);
+    } else if (mma) {
+      dispatch_mma<Out, kEpiPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, SkinnyNorm{}, s);
     } else if (!vec) {
       launch_kernel("matmul (skinny)", skinny_scalar_kernel<Out>, blocks_for(N, kWarps), kWarps * 32, 0, s,
           static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y),
@@ -592,24 +585,13 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   });
 }
 
-bool skinny_norm_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
-  return mma_settings().enabled && K % 32 == 0 && N > 0 && rows_aligned16(w, ldw, 2) &&
-         rows_aligned16(x, ldx, 4);  // x is f32
+bool skinny_mma_applies(const void* x, int64_t ldx, const void* w, int64_t ldw, int K) {
+  return mma_settings().enabled && K % 32 == 0 && rows_aligned16(x, ldx, 2) && rows_aligned16(w, ldw, 2);
 }
 
-void skinny_matmul_norm(const void* x, int64_t ldx, const float* inv_rms, const float* norm_w,
-                         const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M, int N, int K,
-                         bool accumulate, bool w_uploaded, cudaStream_t s) {
-  if (M == 0 || N == 0) return;
-  if (M > kSkinnyMaxRows)
-    throw Error("cuda matmul: fused skinny kernel called with " + std::to_string(M) + " rows");
-  if (!skinny_norm_supported(x, ldx, w, ldw, N, K))
-    throw Error("cuda matmul: fused skinny kernel called where it does not apply");
+int skinny_norm_parts(int N, int K) {
   const MmaTiling tl = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots);
-  dispatch_elem(y_elem, [&](auto yi) {
-    using Out = decltype(yi);
-    dispatch_mma<Out, kNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, s, inv_rms, norm_w);
-  });
+  return static_cast<int>(mma_blocks(N, tl.NT, tl.S, false));
 }
 
 bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
@@ -618,17 +600,22 @@ bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64
 }
 
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
-                            int N, int K, bool w_uploaded, cudaStream_t s) {
+                            int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul_silu_mul: skinny kernel called with " + std::to_string(M) + " rows");
   if (!skinny_silu_pair_supported(x, ldx, w, ldw, N, K))
     throw Error("cuda matmul_silu_mul: the paired kernel called where it does not apply");
   // The K slices the plain product of this weight takes (its tile width does not change a sum).
   const int S = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots).S;
-  if (M <= 16)
-    launch_mma<1, 2, __nv_bfloat16, kPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, s);
+  const SkinnyNorm none{};
+  if (norm && M <= 16)
+    launch_mma<1, 2, __nv_bfloat16, kEpiScaleInv, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, *norm, s);
+  else if (norm)
+    launch_mma<2, 2, __nv_bfloat16, kEpiScaleInv, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, *norm, s);
+  else if (M <= 16)
+    launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
   else
-    launch_mma<2, 2, __nv_bfloat16, kPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, s);
+    launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
 }
 
 }  // namespace dflash::cuda
