@@ -211,7 +211,7 @@ class Doctor {
     if (!first) report("matmul_add_norm", sh + " x", x_got, x_want, 1e-4, 0, "the residual, x += a·woᵀ");
     report(pair ? "silu_mul_normed" : "matmul_normed", sh, got, want, tol_for(dt), us,
            first ? "norm_rows, then the product" : "product + residual + norm, then the product");
-    if (M == 1) return;
+    if (M == 1 || M > 32) return;  // prefill rows (M > 32) need not equal decode rows
     // Each row alone through the chain == the same row inside the block, bitwise.
     Tensor xb = to_test(x0, M, H, DType::F32), yb = poisoned(M, out_cols, dt);
     chain(t_, at, wot, nt, wt, xb, yb);

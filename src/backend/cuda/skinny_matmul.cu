@@ -121,6 +121,26 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   grid_dependency_begin();
   if (!w_uploaded && active) load(cur, c_begin);
 
+  // Each row's 1/rms from the emitting product's partial sums (written by the kernel before
+  // this one, so after the wait; here, while the first weight batch is in flight): the two
+  // half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
+  // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
+  __shared__ float inv_rms[MT * 16];
+  if constexpr (EPI == kEpiScaleInv) {
+    const int half = lane / 16, l16 = lane % 16;
+    for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
+      float ss = 0.f;
+      if (m < M) {
+        const float* p = norm.partial_in + int64_t(m) * norm.ld_partial;
+#pragma unroll 16
+        for (int b = l16; b < norm.parts; b += 16) ss += p[b];
+      }
+#pragma unroll
+      for (int o = 8; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (l16 == 0 && m < M) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
+    }
+  }
+
   if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
     bool xin[MT][2];
@@ -178,18 +198,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
       for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
 
-  // Each row's 1/rms from the emitting product's partial sums (written before this kernel's
-  // wait): warp w takes rows w, w + 8, …; lane l adds partials l, l + 32, … in order, then the
-  // fixed butterfly. The same numbers for every M.
-  __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv) {
-    for (int m = warp; m < M; m += kWarps) {
-      float ss = 0.f;
-      for (int b = lane; b < norm.parts; b += 32) ss += norm.partial_in[int64_t(m) * norm.ld_partial + b];
-      ss = warp_sum(ss);
-      if (lane == 0) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
-    }
-  }
   __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
