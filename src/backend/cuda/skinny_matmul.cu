@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
   // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
   __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv) {
+  auto row_inv_rms = [&] {
     const int half = lane / 16, l16 = lane % 16;
     for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
       float ss = 0.f;
@@ -139,6 +139,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int o = 8; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (l16 == 0 && m < M) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
     }
+  };
+  if constexpr (EPI == kEpiScaleInv) {
+    if (!norm.inv_late) row_inv_rms();
   }
 
   if (active) {  // an idle warp still takes part in the barrier below
@@ -197,7 +200,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
-
+  if constexpr (EPI == kEpiScaleInv) {
+    if (norm.inv_late) row_inv_rms();
+  }
   __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
