@@ -309,11 +309,6 @@ class CudaBackend final : public Backend {
     n.ld_partial = in.partial.ld;
     n.parts = static_cast<int>(in.partial.cols);
     n.eps = in.eps;
-    static const bool late = [] {
-      const char* e = std::getenv("DFLASH_NORM_INV_LATE");
-      return e && std::string(e) == "1";
-    }();
-    n.inv_late = late;
     return n;
   }
   bool consumable(const NormedRows& in, const Tensor& w) const {

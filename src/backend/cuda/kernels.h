@@ -27,7 +27,6 @@ struct SkinnyNorm {
   int64_t ld_partial = 0;           // either side
   int parts = 0;                    // consume: partials per row
   float eps = 0.f;                  // consume
-  bool inv_late = false;            // consume: 1/rms after the main loop (DFLASH_NORM_INV_LATE=1, to measure)
 };
 
 // y[m, n] (+)= Σ_k x[m, k] · w[n, k], bf16 x and w, f32 accumulation, M ≤ kSkinnyMaxRows.
