@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
   // Each row's 1/rms from the emitting product's partial sums (written by the kernel before
   // this one, so after the wait; here, while the first weight batch is in flight: after the
-  // main loop it made a DFlash step 0.1-0.17 ms slower, H200 2026-11-30): the two
+  // main loop it made a DFlash step 0.15-0.17 ms slower, H200 2026-11-30): the two
   // half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
   // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
   __shared__ float inv_rms[MT * 16];
