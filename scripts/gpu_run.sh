@@ -77,6 +77,8 @@ if has env; then
   nvidia-smi || status=1
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu --format=csv || true
   uname -a; nproc; free -g | head -2; df -h /tmp | tail -1
+  # transformers at batch 1 is bound by the host CPU: its model goes with the hf step's figures.
+  lscpu | grep -E "^(Model name|Socket|Core|Thread|CPU MHz|CPU max MHz)" || true
   cmake --version | head -1; g++ --version | head -1; nvcc --version | tail -1
   dpkg -l 2>/dev/null | grep -E "nlohmann|cli11|pcre2|utf8proc|openblas|gtest|pkgconf" | awk '{print $2, $3}'
 fi
