@@ -2,6 +2,7 @@
 // inside a block (speculative verification) must give the same bits. Greedy speculative output
 // equals plain output only because of this; the end-to-end tests could miss a violation that
 // happens not to flip an argmax.
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -80,3 +81,61 @@ TEST(CpuBatchInvariance, AttentionRowAloneEqualsRowInBlock) {
 }
 
 }  // namespace
+
+namespace {
+
+Tensor bf16_weight(Backend& b, const std::vector<float>& v, std::vector<int64_t> shape, std::vector<uint16_t>& bits) {
+  bits.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bits[i] = f32_to_bf16(v[i]);
+  TensorInfo info;
+  info.name = "w";
+  info.dtype = DType::BF16;
+  info.shape = std::move(shape);
+  info.data = reinterpret_cast<const uint8_t*>(bits.data());
+  info.nbytes = bits.size() * 2;
+  return b.upload_weight({&info});
+}
+
+}  // namespace
+
+// A backend may leave a norm deferred (NormedRows); a product that cannot read that form (the
+// default implementations) must recompute the norm from x, never use h as if it were final.
+TEST(NormedRows, ADeferredNormIsRecomputedByTheDefaultProducts) {
+  auto b = make_cpu_backend();
+  const int64_t M = 3, H = 64, N = 40, I = 20;
+  const float eps = 1e-6f;
+  std::vector<uint16_t> nb, wb, gb;
+  const auto xv = random_values(size_t(M * H), 5, 2.0f);
+  Tensor x = b->upload(xv.data(), M, H);
+  Tensor nw = bf16_weight(*b, random_values(size_t(H), 6), {H}, nb);
+  Tensor w = bf16_weight(*b, random_values(size_t(N * H), 7, 0.1f), {N, H}, wb);
+  Tensor gu = bf16_weight(*b, random_values(size_t(2 * I * H), 8, 0.1f), {2 * I, H}, gb);
+
+  NormedRows plain;
+  plain.h = b->alloc(M, H, b->activation_dtype());
+  b->norm_rows(x, nw, eps, plain);
+  EXPECT_FALSE(plain.deferred);
+  Tensor y_ref = b->alloc(M, N, DType::F32), act_ref = b->alloc(M, I, b->activation_dtype());
+  b->matmul_normed(plain, w, y_ref);
+  b->matmul_silu_mul_normed(plain, gu, act_ref);
+
+  // The same norm as a backend might leave it: h not yet final (here NaN), x and the weight kept.
+  const std::vector<float> nan(size_t(M * H), std::nanf(""));
+  NormedRows deferred = plain;
+  deferred.h = b->upload(nan.data(), M, H);
+  deferred.partial = b->upload(nan.data(), M, 1);
+  deferred.deferred = true;
+  Tensor y = b->alloc(M, N, DType::F32), act = b->alloc(M, I, b->activation_dtype());
+  b->Backend::matmul_normed(deferred, w, y);
+  b->Backend::matmul_silu_mul_normed(deferred, gu, act);
+  const auto want = fetch(*b, y_ref), got = fetch(*b, y);
+  ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+  const auto act_want = fetch(*b, act_ref), act_got = fetch(*b, act);
+  ASSERT_EQ(0, std::memcmp(act_want.data(), act_got.data(), act_want.size() * sizeof(float)));
+
+  // Rows sliced out of it stay rows of the same norm.
+  Tensor y2 = b->alloc(2, N, DType::F32);
+  b->Backend::matmul_normed(deferred.slice_rows(1, 2), w, y2);
+  const auto got2 = fetch(*b, y2);
+  ASSERT_EQ(0, std::memcmp(want.data() + N, got2.data(), got2.size() * sizeof(float)));
+}
