@@ -1,6 +1,8 @@
 // dflash synth: random-weight checkpoints of real model shapes, for benchmarks where only
 // the shapes matter (a Qwen3-8B-shaped target and its DFlash drafter, say). Written in the
 // Hugging Face layout, so transformers loads the very same weights.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -8,6 +10,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "cli/command.h"
 #include "util/dtype.h"
@@ -51,22 +55,40 @@ struct Writer {
     const uint64_t hl = h.size();
     out.write(reinterpret_cast<const char*>(&hl), 8);
     out.write(h.data(), std::streamsize(h.size()));
-    std::mt19937_64 rng(seed);
     std::vector<uint16_t> buf;
     for (size_t t = 0; t < tensors.size(); ++t) {
       uint64_t n = 1;
       for (auto d : tensors[t].second) n *= uint64_t(d);
       buf.resize(n);
-      if (fill[t] == 0) {
-        std::fill(buf.begin(), buf.end(), f32_to_bf16(1.0f));
-      } else {
-        // Uniform with the requested standard deviation: cheap, and nothing here needs a Gaussian.
-        const float a = fill[t] * std::sqrt(3.0f);
-        for (auto& v : buf) v = f32_to_bf16(a * (2.0f * float(rng() >> 40) / float(1 << 24) - 1.0f));
-      }
+      if (fill[t] == 0) std::fill(buf.begin(), buf.end(), f32_to_bf16(1.0f));
+      else fill_uniform(buf, fill[t], seed * 1000003ULL + t);
       out.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(n * 2));
     }
     if (!out) throw Error(path + ": write failed");
+  }
+
+  // Uniform with standard deviation `stddev` (cheap, and nothing here needs a Gaussian), on
+  // every core: an 8B checkpoint is 9 G values, most of a benchmark call's setup when drawn on
+  // one. Chunks of 1 Mi values each draw from their own stream (stream, chunk), so the bytes do
+  // not depend on the number of threads.
+  static void fill_uniform(std::vector<uint16_t>& buf, float stddev, uint64_t stream) {
+    constexpr size_t kChunk = size_t(1) << 20;
+    const size_t chunks = (buf.size() + kChunk - 1) / kChunk;
+    const float a = stddev * std::sqrt(3.0f);
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t c = next++; c < chunks; c = next++) {
+        std::mt19937_64 rng(stream * 0x9e3779b97f4a7c15ULL + c);
+        const size_t end = std::min(buf.size(), (c + 1) * kChunk);
+        for (size_t i = c * kChunk; i < end; ++i)
+          buf[i] = f32_to_bf16(a * (2.0f * float(rng() >> 40) / float(1 << 24) - 1.0f));
+      }
+    };
+    const size_t threads = std::min<size_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
   }
 };
 
