@@ -207,7 +207,7 @@ std::optional<Value> call_method(const Value& self, const std::string& name, Cal
       return Value::integer(f == std::string::npos ? -1 : static_cast<int64_t>(to_u32(s.substr(0, f)).size()));
     }
     if (name == "count") {
-      const std::string& sub = need_string(args.get(0, "sub"), "count");
+      const std::string sub = need_string(args.get(0, "sub"), "count");  // a copy: the Value is a temporary
       int64_t n = 0;
       for (size_t f = s.find(sub); !sub.empty() && f != std::string::npos; f = s.find(sub, f + sub.size())) ++n;
       return Value::integer(n);

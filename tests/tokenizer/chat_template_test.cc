@@ -68,6 +68,12 @@ TEST(Jinja, PythonSemantics) {
 }
 
 // Found by the fuzzer: `1 ** 1639710584323` multiplied 1.6e12 times. Powers square now.
+// str.count once read its argument through a reference to a temporary (fuzz_tokenizer, ASan).
+TEST(Jinja, StringCountAndFindFollowPython) {
+  EXPECT_EQ(render("{{ 'a{b{c'.count('{') }}|{{ 'x'.count('{') }}|{{ 'aaa'.count('aa') }}|{{ 'ab'.find('b') }}"),
+            "2|0|1|1");
+}
+
 TEST(Jinja, IntegerPowersAreFastAndOverflowIsAnError) {
   EXPECT_EQ(render("{{ 2 ** 10 }}"), "1024");
   EXPECT_EQ(render("{{ (-3) ** 3 }}"), "-27");
