@@ -174,28 +174,35 @@ double best_read_rate(size_t bytes, const std::function<void(const char*, unsign
   check(cudaMalloc(&buf, bytes), "bandwidth", "cudaMalloc");
   check(cudaMalloc(&sink, sizeof(unsigned)), "bandwidth", "cudaMalloc");
   check(cudaMemset(buf, 0x5a, bytes), "bandwidth", "cudaMemset");
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
-  check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
-  double best = 0;
-  for (int rep = 0; rep < 4; ++rep) {
-    check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
+  const double best = best_timed_rate(4, double(bytes), [&](int) {
     launches_of_one_rep(static_cast<const char*>(buf), sink);
     check(cudaGetLastError(), "bandwidth", "kernel launch");
-    check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
-    check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
-    if (rep > 0) best = std::max(best, double(bytes) / (double(ms) * 1e-3));  // rep 0 warms up
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  });
   cudaFree(sink);
   cudaFree(buf);
   return best;
 }
 
 }  // namespace
+
+double best_timed_rate(int reps, double bytes, const std::function<void(int rep)>& one_rep) {
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
+  check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
+    one_rep(rep);
+    check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
+    check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
+    if (rep > 0) best = std::max(best, bytes / (double(ms) * 1e-3));
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
 
 double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
   const size_t bytes = size_t(N) * size_t(K) * 2;

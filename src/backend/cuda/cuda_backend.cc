@@ -254,9 +254,7 @@ class CudaBackend final : public Backend {
     return on;
   }
   static bool on_device(const Tensor& t, DType dt) { return t.device == DeviceKind::CUDA && t.dtype == dt; }
-  static bool aligned16(const Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && (t.ld * int64_t(dtype_size(t.dtype))) % 16 == 0;
-  }
+  static bool aligned16(const Tensor& t) { return rows_aligned16(t.data, t.ld, int(dtype_size(t.dtype))); }
   bool deferrable(const Tensor& x, const Tensor& norm_w, const Tensor& h) const {
     return deferred_norm_enabled() && x.rows <= kSkinnyMaxRows && on_device(x, DType::F32) &&
            on_device(norm_w, DType::F32) && norm_w.numel() == x.cols && on_device(h, DType::BF16) &&
@@ -622,22 +620,11 @@ double copy_bandwidth(size_t bytes) {
     check(cudaMemcpy(static_cast<char*>(a) + off, pattern.data(), std::min(bytes - off, pattern.size() * 4),
                      cudaMemcpyHostToDevice),
           "bandwidth", "fill");
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
-  check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
-  double best = 0;
-  for (int rep = 0; rep < 8; ++rep) {
-    check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
+  // Bytes read + written: twice the buffer per copy, the direction alternating.
+  const double best = best_timed_rate(8, 2.0 * double(bytes), [&](int rep) {
     check(cudaMemcpyAsync(rep % 2 ? a : b, rep % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice), "bandwidth",
           "device to device copy");
-    check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
-    check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
-    if (rep > 0) best = std::max(best, 2.0 * double(bytes) / (double(ms) * 1e-3));  // the first is a warm-up
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  });
   cudaFree(a);
   cudaFree(b);
   return best;

@@ -2,6 +2,7 @@
 // What the CUDA build offers beyond the Backend interface: facts about the device for
 // `dflash doctor` and the benchmark script. Declared only in builds with DFLASH_CUDA.
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace dflash::cuda {
@@ -11,6 +12,10 @@ std::string device_summary();
 // Device-to-device copy bandwidth (bytes read + bytes written per second) over two buffers
 // of `bytes` each, the best of several timed copies after a warm-up.
 double copy_bandwidth(size_t bytes);
+// Bytes per second of the fastest of `reps` event-timed runs of `one_rep(rep)` on the default
+// stream, each moving `bytes`; run 0 warms up and is not counted. (The timing loop of
+// copy_bandwidth and of the read measurements in bandwidth.cu.)
+double best_timed_rate(int reps, double bytes, const std::function<void(int rep)>& one_rep);
 // Read-only streaming bandwidth (bytes read per second): `total` bytes read in launches of
 // `window` bytes each, back to back, every launch reading memory no earlier one touched.
 // flavour: 0 the products' 16-byte load (read-only, no L1 allocation, 256-byte L2 prefetch), 1

@@ -91,21 +91,17 @@ __global__ void __launch_bounds__(1024)
   __shared__ float partial[32];
   const float total = block_sum(ss, partial);  // its barrier also protects y aliasing x
   const float inv = rsqrtf(total / static_cast<float>(group) + eps);
-  if constexpr (EMIT) {
-    if (threadIdx.x == 0) partial_out[r] = total;
-  }
-  {
-    Out* out = y + r * ldy + g * group;
+  if (EMIT && threadIdx.x == 0) partial_out[r] = total;
+  Out* out = y + r * ldy + g * group;
 #pragma unroll
-    for (int j = 0; j < kMaxVecPerThread; ++j) {
-      const int i = threadIdx.x + j * blockDim.x;
-      if (i < nvec) {
-        float wv[4], o[4];
-        load4(w + 4 * i, wv);
+  for (int j = 0; j < kMaxVecPerThread; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    if (i < nvec) {
+      float wv[4], o[4];
+      load4(w + 4 * i, wv);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = EMIT ? __fmul_rn(wv[e], v[j][e]) : __fmul_rn(wv[e], __fmul_rn(v[j][e], inv));
-        store4(out + 4 * i, o);
-      }
+      for (int e = 0; e < 4; ++e) o[e] = EMIT ? __fmul_rn(wv[e], v[j][e]) : __fmul_rn(wv[e], __fmul_rn(v[j][e], inv));
+      store4(out + 4 * i, o);
     }
   }
 }
