@@ -208,6 +208,19 @@ struct SplitArgs {
   bool causal, vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
+  // new_rows (kernels.h, AttentionNewRows): q is raw; rows new0 … of the cache are still in knew/vnew.
+  bool fused;
+  const __nv_bfloat16* knew;
+  const __nv_bfloat16* vnew;
+  int64_t ldknew, ldvnew, new0;
+  const float* q_norm;
+  const float* k_norm;
+  float eps;
+  const float* cos;
+  const float* sin;
+  __nv_bfloat16* k_out;  // = k, v: where the new rows are stored
+  __nv_bfloat16* v_out;
+  int row_tiles;
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -396,6 +409,88 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   else split_pv<4>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
 }
 
+// stage_chunk_kv where the chunk may hold new rows (a.fused): rows at or past new0 come raw
+// from the projection (knew/vnew) instead of the cache, to be normed and rotated in place.
+__device__ __forceinline__ void stage_chunk_kv_new(const SplitArgs& a, __nv_bfloat16* Ks, __nv_bfloat16* Vs, int Dp,
+                                                   int kvh, int64_t c0, int n_load) {
+  const int segs = a.D / 8;
+  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+    const int j = i / segs, s8 = (i % segs) * 8;
+    const int64_t pos = c0 + j;
+    const __nv_bfloat16* src = pos < a.new0 ? a.k + pos * a.ldk : a.knew + (pos - a.new0) * a.ldknew;
+    cp_async16(Ks + j * Dp + s8, src + int64_t(kvh) * a.D + s8);
+  }
+  cp_async_commit();
+  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+    const int j = i / segs, s8 = (i % segs) * 8;
+    const int64_t pos = c0 + j;
+    const __nv_bfloat16* src = pos < a.new0 ? a.v + pos * a.ldv : a.vnew + (pos - a.new0) * a.ldvnew;
+    cp_async16(Vs + j * Dp + s8, src + int64_t(kvh) * a.D + s8);
+  }
+  cp_async_commit();
+}
+
+// One head row in shared memory, in place, by one warp: RMSNorm with weight w (f32, rounded to
+// bf16 as the standalone kernel stores it), then rotate-half RoPE at position pos (rounded).
+// Lane l owns the pairs (j, j + D/2) for j = l, l + 32, …; its sum of squares adds them in that
+// order, then the fixed butterfly: a function of the row alone.
+constexpr int kMaxRopePairsPerLane = kMaxHeadDim / 2 / 32;
+__device__ __forceinline__ void norm_rope_row(const SplitArgs& a, __nv_bfloat16* row, const float* w, int64_t pos) {
+  const int lane = threadIdx.x % 32, half = a.D / 2;
+  float x[kMaxRopePairsPerLane][2];
+  float ss = 0.f;
+#pragma unroll
+  for (int u = 0; u < kMaxRopePairsPerLane; ++u) {
+    const int j = lane + 32 * u;
+    if (j < half) {
+      x[u][0] = __bfloat162float(row[j]);
+      x[u][1] = __bfloat162float(row[j + half]);
+      ss = fmaf(x[u][0], x[u][0], ss);
+      ss = fmaf(x[u][1], x[u][1], ss);
+    }
+  }
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / static_cast<float>(a.D) + a.eps);
+#pragma unroll
+  for (int u = 0; u < kMaxRopePairsPerLane; ++u) {
+    const int j = lane + 32 * u;
+    if (j < half) {
+      const float p = __bfloat162float(__float2bfloat16_rn(w[j] * (x[u][0] * inv)));
+      const float q = __bfloat162float(__float2bfloat16_rn(w[j + half] * (x[u][1] * inv)));
+      const float c = a.cos[pos * half + j], s = a.sin[pos * half + j];
+      row[j] = __float2bfloat16_rn(p * c - q * s);
+      row[j + half] = __float2bfloat16_rn(q * c + p * s);
+    }
+  }
+}
+
+// After staging with a.fused: the tile's queries and the chunk's new keys normed and rotated in
+// place (one warp per row), then the last row tile's block of the (chunk, KV head), which sees
+// every new row of the chunk, stores those keys and values into the cache.
+__device__ __forceinline__ void new_rows_in_place(const SplitArgs& a, __nv_bfloat16* Qs, __nv_bfloat16* Ks,
+                                                  const __nv_bfloat16* Vs, int Dp, int nq, int hg, int64_t t0,
+                                                  int kvh, int64_t c0, int n_load) {
+  const int warp = threadIdx.x / 32;
+  const int jn0 = static_cast<int>(max(int64_t(0), min(int64_t(n_load), a.new0 - c0)));
+  const int items = nq + (n_load - jn0);
+  for (int item = warp; item < items; item += kSplitThreads / 32) {
+    if (item < nq) norm_rope_row(a, Qs + item * Dp, a.q_norm, a.q_pos0 + t0 + item / hg);
+    else norm_rope_row(a, Ks + (jn0 + item - nq) * Dp, a.k_norm, c0 + jn0 + (item - nq));
+  }
+  __syncthreads();
+  const bool writer = int(blockIdx.z) / a.head_tiles == a.row_tiles - 1 && int(blockIdx.z) % a.head_tiles == 0;
+  if (!writer) return;
+  const int segs = a.D / 8;
+  for (int i = threadIdx.x; i < (n_load - jn0) * segs; i += kSplitThreads) {
+    const int j = jn0 + i / segs, s8 = (i % segs) * 8;
+    const int64_t pos = c0 + j;
+    *reinterpret_cast<uint4*>(a.k_out + pos * a.ldk + int64_t(kvh) * a.D + s8) =
+        *reinterpret_cast<const uint4*>(Ks + j * Dp + s8);
+    *reinterpret_cast<uint4*>(a.v_out + pos * a.ldv + int64_t(kvh) * a.D + s8) =
+        *reinterpret_cast<const uint4*>(Vs + j * Dp + s8);
+  }
+}
+
 // Shared memory of one tensor-core split block: K and V as in split_chunk, then the queries as
 // bf16 rows of D8 + 8 for whole m16 tiles (rows past the tile's queries zero), then f32 scores
 // and probabilities for those rows.
@@ -426,7 +521,9 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __nv_bfloat16* Qs = Vs + kChunk * Dp;
   auto* Ss = reinterpret_cast<float*>(Qs + mtiles * 16 * Dp);
 
-  if (!(a.diag & 1))
+  if (a.fused)
+    stage_chunk_kv_new(a, Ks, Vs, Dp, kvh, c0, n_load);
+  else if (!(a.diag & 1))
     stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   const int segs = D / 8;
   // V rows past the loaded keys meet probabilities of exactly 0, which must not meet NaNs.
@@ -449,7 +546,13 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
       Qs[qv * Dp + d] = qv < nq ? a.q[(t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + d] : zero;
     }
   }
-  cp_async_wait<1>();
+  if (a.fused) {
+    cp_async_wait<0>();
+    __syncthreads();
+    new_rows_in_place(a, Qs, Ks, Vs, Dp, nq, hg, t0, kvh, c0, n_load);
+  } else {
+    cp_async_wait<1>();
+  }
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -680,6 +783,10 @@ size_t split_ml_bytes(int64_t T, int64_t hq, int64_t nc) { return (size_t(T * hq
 
 }  // namespace
 
+bool attention_takes_new_rows(int64_t head_dim) {
+  return head_dim % 16 == 0 && head_dim <= kMaxHeadDim && split_mma_enabled();
+}
+
 size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len) {
   if (T > kAttentionSplitMaxRows || T == 0) return 0;
   const int64_t nc = split_chunks(kv_len);
@@ -688,7 +795,7 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, cudaStream_t s) {
+               bool causal, void* scratch, cudaStream_t s, const AttentionNewRows* new_rows) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -700,6 +807,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
   auto* op = static_cast<__nv_bfloat16*>(out);
   const int group = static_cast<int>(hq / hkv), D = static_cast<int>(head_dim);
 
+  if (new_rows && T > kAttentionSplitMaxRows) throw Error("cuda attention: new rows beyond the split path");
   if (T <= kAttentionSplitMaxRows) {
     if (!scratch && attention_scratch_bytes(T, hq, head_dim, kv_len) > 0)
       throw Error("cuda attention: the split path needs scratch (attention_scratch_bytes)");
@@ -734,6 +842,27 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       return e ? std::atoi(e) : 0;
     }();
     a.diag = diag;
+    if (new_rows) {
+      // Every new row lies below kv_len and is seen by the last row tile (the caller checks
+      // kv_len == new0 + T), whose block in each chunk stores them; nothing else reads them
+      // from the cache during this launch.
+      if (!a.mma || !a.qvec || !attention_takes_new_rows(head_dim) || !rows_aligned16(new_rows->k, new_rows->ldk, 2) ||
+          !rows_aligned16(new_rows->v, new_rows->ldv, 2) || new_rows->new0 + T != kv_len || q_pos0 != new_rows->new0)
+        throw Error("cuda attention: new rows given where the fused path does not apply");
+      a.fused = true;
+      a.knew = static_cast<const __nv_bfloat16*>(new_rows->k);
+      a.vnew = static_cast<const __nv_bfloat16*>(new_rows->v);
+      a.ldknew = new_rows->ldk;
+      a.ldvnew = new_rows->ldv;
+      a.new0 = new_rows->new0;
+      a.q_norm = new_rows->q_norm;
+      a.k_norm = new_rows->k_norm;
+      a.eps = new_rows->eps;
+      a.cos = new_rows->cos;
+      a.sin = new_rows->sin;
+      a.k_out = static_cast<__nv_bfloat16*>(new_rows->k_cache);
+      a.v_out = static_cast<__nv_bfloat16*>(new_rows->v_cache);
+    }
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they
@@ -757,6 +886,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         rows = std::min(max_rows, rows * 2);
       a.rows_per_block = static_cast<int>(rows);
       const int64_t row_tiles = (T + rows - 1) / rows;
+      a.row_tiles = static_cast<int>(row_tiles);
       const int nq = a.rows_per_block * a.heads_per_block;
       const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
