@@ -8,6 +8,7 @@
 #   STEPS="build doctor" scripts/gpu_run.sh
 #   STEPS="build bench ab" AB="DFLASH_CUDA_PDL=0|" scripts/gpu_run.sh   # A/B under settings
 #   DOCTOR_ARGS=--bandwidth-sweep STEPS="build doctor" scripts/gpu_run.sh   # read-bandwidth sweep too
+#   STEPS="build tests" TEST_AB="DFLASH_ATTN_CLUSTER=0" scripts/gpu_run.sh   # tests again under settings
 #
 # The device image is Ubuntu with CUDA, CMake 4 and g++ 13 but may lack the engine's system
 # libraries (nlohmann-json, CLI11, PCRE2, utf8proc, OpenMP OpenBLAS, GoogleTest). Those come
@@ -97,9 +98,15 @@ if has build; then
 fi
 
 if has tests; then
-  step "GPU tests (dflash_tests --gtest_filter='$TEST_FILTER')"
-  timeout 150 "$BUILD/tests/dflash_tests" --gtest_filter="$TEST_FILTER" >"$OUT/tests.txt" 2>&1 || status=1
-  grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED|cuda) |Failure|Expected|Which is|actual|error" "$OUT/tests.txt"
+  # TEST_AB ("|"-separated environment settings, as AB below) runs the tests again under each.
+  IFS='|' read -ra test_settings <<<"${TEST_AB:-}"
+  for setting in "" "${test_settings[@]}"; do
+    step "GPU tests (dflash_tests --gtest_filter='$TEST_FILTER') ${setting:-default}"
+    echo "=== ${setting:-default}" >>"$OUT/tests.txt"
+    env $setting timeout 150 "$BUILD/tests/dflash_tests" --gtest_filter="$TEST_FILTER" >>"$OUT/tests.txt" 2>&1 || status=1
+    sed -n '/^=== '"${setting:-default}"'$/,$p' "$OUT/tests.txt" \
+      | grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED|cuda) |Failure|Expected|Which is|actual|error"
+  done
 fi
 
 if has doctor; then

@@ -12,6 +12,7 @@
 #include "io/checkpoint.h"
 #include "model/dflash_drafter.h"
 #include "model/qwen3.h"
+#include "model/rope.h"
 #include "test_util.h"
 #include "util/dtype.h"
 
@@ -111,6 +112,69 @@ TEST(CudaAttention, SplitKvRowsInBlockEqualRowsAlone) {
   // head_dim 256 (smaller tiles) and an odd one (the scalar load path), one KV head.
   check_attention_rows_alone(*backend, 16, 16, 1, 256, 200, 184, AttentionMask::Causal);
   check_attention_rows_alone(*backend, 5, 6, 6, 12, 130, 125, AttentionMask::Causal);
+}
+
+// One layer's T new rows through qk_norm_rope_attention (on the CUDA split path, q/k-norm,
+// RoPE, the cache store and attention in one launch), as a verification block and row by row
+// as decode steps: the outputs and the cache rows written must be equal, bit for bit.
+void check_new_rows_alone(Backend& gpu, int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t pos0) {
+  SCOPED_TRACE("T " + std::to_string(T) + ", heads " + std::to_string(hq) + "/" + std::to_string(hkv) + " x " +
+               std::to_string(D) + ", pos0 " + std::to_string(pos0));
+  const int64_t cols = (hq + 2 * hkv) * D, kv_len = pos0 + T, cache_rows = kv_len + 5;
+  std::mt19937 rng(static_cast<uint32_t>(T * 7919 + D));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto fill = [&](int64_t n, float mean, float scale) {
+    std::vector<float> h(static_cast<size_t>(n));
+    for (auto& x : h) x = bf16_to_f32(f32_to_bf16(mean + scale * nd(rng)));
+    return h;
+  };
+  const auto x = fill(T * cols, 0.f, 2.f), qn = fill(D, 1.f, 0.2f), kn = fill(D, 1.f, 0.2f);
+  auto kv = fill(cache_rows * hkv * D, 0.f, 1.f);
+  for (int64_t i = pos0 * hkv * D; i < cache_rows * hkv * D; ++i) kv[size_t(i)] = NAN;  // written, then read
+  auto to_bf16 = [&](const float* h, int64_t rows, int64_t c) {
+    Tensor f = gpu.upload(h, rows, c);
+    Tensor b = gpu.alloc(rows, c, DType::BF16);
+    gpu.copy(f, b);
+    return b;
+  };
+  const Tensor gqn = gpu.upload(qn.data(), 1, D), gkn = gpu.upload(kn.data(), 1, D);
+  RopeConfig rc;
+  rc.theta = 1e6;
+  RopeTable table(rc, int(D));
+  table.ensure(kv_len);
+  auto run = [&](int64_t t0, int64_t rows, Tensor& k_cache, Tensor& v_cache, Tensor& out) {
+    Tensor xt = to_bf16(x.data() + t0 * cols, rows, cols);  // q is overwritten: a fresh copy each time
+    Tensor q = xt.slice_cols(0, hq * D);
+    std::vector<int32_t> positions(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) positions[size_t(i)] = int32_t(pos0 + t0 + i);
+    gpu.qk_norm_rope_attention(q, xt.slice_cols(hq * D, hkv * D), xt.slice_cols((hq + hkv) * D, hkv * D), gqn, gkn,
+                               1e-6f, positions, D, table, k_cache, v_cache, pos0 + t0, pos0 + t0 + rows,
+                               AttentionMask::Causal, out);
+  };
+  Tensor kb = to_bf16(kv.data(), cache_rows, hkv * D), vb = to_bf16(kv.data(), cache_rows, hkv * D);
+  Tensor ka = to_bf16(kv.data(), cache_rows, hkv * D), va = to_bf16(kv.data(), cache_rows, hkv * D);
+  Tensor out_block = gpu.alloc(T, hq * D, DType::BF16), out_alone = gpu.alloc(T, hq * D, DType::BF16);
+  run(0, T, kb, vb, out_block);
+  for (int64_t t = 0; t < T; ++t) {
+    Tensor row = out_alone.slice_rows(t, 1);
+    run(t, 1, ka, va, row);
+  }
+  const auto block = download(gpu, out_block), alone = download(gpu, out_alone);
+  for (const float v : block) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(std::memcmp(block.data(), alone.data(), block.size() * sizeof(float)), 0) << "outputs differ";
+  for (auto [b, a] : {std::pair{&kb, &ka}, std::pair{&vb, &va}}) {
+    const auto cb = download(gpu, b->slice_rows(0, kv_len)), ca = download(gpu, a->slice_rows(0, kv_len));
+    for (const float v : cb) ASSERT_TRUE(std::isfinite(v)) << "a new cache row was not written";
+    EXPECT_EQ(std::memcmp(cb.data(), ca.data(), cb.size() * sizeof(float)), 0) << "cache rows differ";
+  }
+}
+
+TEST(CudaAttention, NewRowsInBlockEqualRowsAlone) {
+  REQUIRE_GPU(backend);
+  check_new_rows_alone(*backend, 16, 32, 8, 128, 600);   // Qwen3-8B verification, 10 chunks
+  check_new_rows_alone(*backend, 16, 32, 8, 128, 1490);  // past 16 chunks: two a block in a cluster
+  check_new_rows_alone(*backend, 32, 8, 2, 64, 63);      // the new rows straddle a chunk boundary
+  check_new_rows_alone(*backend, 7, 8, 4, 256, 100);
 }
 
 class CudaQwen3Golden : public ::testing::TestWithParam<std::string> {};

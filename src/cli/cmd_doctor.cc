@@ -641,6 +641,10 @@ int run_doctor(const DoctorArgs& a) {
   d.qk_norm_rope_attention(16, 32, 8, 128, 595, AttentionMask::Causal);
   d.qk_norm_rope_attention(16, 32, 8, 128, 733, AttentionMask::None);
   d.qk_norm_rope_attention(5, 6, 2, 64, 72, AttentionMask::Causal);
+  // Past 16 chunks a cluster's blocks take two chunks each; head_dim 256 and 16 (16 and 1 lanes a row).
+  d.qk_norm_rope_attention(16, 32, 8, 128, 2043, AttentionMask::Causal);
+  d.qk_norm_rope_attention(2, 8, 2, 256, 300, AttentionMask::Causal);
+  d.qk_norm_rope_attention(4, 4, 1, 16, 29, AttentionMask::None);
   d.attention(1, 32, 8, 128, 1037, 1036, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 611, 595, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 621, 595, AttentionMask::Causal);  // rows past the block: masked

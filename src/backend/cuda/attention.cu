@@ -221,6 +221,10 @@ struct SplitArgs {
   __nv_bfloat16* k_out;  // = k, v: where the new rows are stored
   __nv_bfloat16* v_out;
   int row_tiles;
+  // > 0: the split blocks of a (KV head, tile) form one thread-block cluster of this many blocks
+  // along the chunks (each taking chunks rank, rank + cluster, …) and merge inside it after a
+  // cluster barrier, so no merge launch follows.
+  int cluster;
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -430,54 +434,103 @@ __device__ __forceinline__ void stage_chunk_kv_new(const SplitArgs& a, __nv_bflo
   cp_async_commit();
 }
 
-// One head row in shared memory, in place, by one warp: RMSNorm with weight w (f32, rounded to
-// bf16 as the standalone kernel stores it), then rotate-half RoPE at position pos (rounded).
-// Lane l owns the pairs (j, j + D/2) for j = l, l + 32, …; its sum of squares adds them in that
-// order, then the fixed butterfly: a function of the row alone.
-constexpr int kMaxRopePairsPerLane = kMaxHeadDim / 2 / 32;
-__device__ __forceinline__ void norm_rope_row(const SplitArgs& a, __nv_bfloat16* row, const float* w, int64_t pos) {
-  const int lane = threadIdx.x % 32, half = a.D / 2;
-  float x[kMaxRopePairsPerLane][2];
+// q/k-norm and RoPE of one head row, spread over L = D/16 neighbouring lanes: lane s of the
+// group holds elements 8s … 8s + 7 (lo) and their rotation partners D/2 + 8s … (hi). RMSNorm with
+// weight w, rounded to bf16 as the standalone kernel stores it, then rotate-half RoPE at
+// position pos, rounded. Each lane sums its squares lo then hi in order, then a fixed xor
+// butterfly over the group (every lane ends with the same bits): a function of the row alone.
+// Every lane of the warp must call it (the shuffles name the whole warp); L is a power of two.
+__device__ __forceinline__ void norm_rope_segment(const SplitArgs& a, int L, float (&lo)[8], float (&hi)[8],
+                                                  const float* w, int64_t pos, int s) {
+  const int half = a.D / 2, j0 = 8 * s;
   float ss = 0.f;
 #pragma unroll
-  for (int u = 0; u < kMaxRopePairsPerLane; ++u) {
-    const int j = lane + 32 * u;
-    if (j < half) {
-      x[u][0] = __bfloat162float(row[j]);
-      x[u][1] = __bfloat162float(row[j + half]);
-      ss = fmaf(x[u][0], x[u][0], ss);
-      ss = fmaf(x[u][1], x[u][1], ss);
-    }
+  for (int e = 0; e < 8; ++e) ss = fmaf(lo[e], lo[e], ss);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) ss = fmaf(hi[e], hi[e], ss);
+  const float* cs = a.cos + pos * half + j0;
+  const float* sn = a.sin + pos * half + j0;
+  float c[8], sv[8], wl[8], wh[8];
+#pragma unroll
+  for (int e = 0; e < 8; e += 4) {
+    *reinterpret_cast<float4*>(c + e) = __ldg(reinterpret_cast<const float4*>(cs + e));
+    *reinterpret_cast<float4*>(sv + e) = __ldg(reinterpret_cast<const float4*>(sn + e));
+    *reinterpret_cast<float4*>(wl + e) = __ldg(reinterpret_cast<const float4*>(w + j0 + e));
+    *reinterpret_cast<float4*>(wh + e) = __ldg(reinterpret_cast<const float4*>(w + half + j0 + e));
   }
-  ss = warp_sum(ss);
+  for (int m = L / 2; m > 0; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
   const float inv = rsqrtf(ss / static_cast<float>(a.D) + a.eps);
 #pragma unroll
-  for (int u = 0; u < kMaxRopePairsPerLane; ++u) {
-    const int j = lane + 32 * u;
-    if (j < half) {
-      const float p = __bfloat162float(__float2bfloat16_rn(w[j] * (x[u][0] * inv)));
-      const float q = __bfloat162float(__float2bfloat16_rn(w[j + half] * (x[u][1] * inv)));
-      const float c = a.cos[pos * half + j], s = a.sin[pos * half + j];
-      row[j] = __float2bfloat16_rn(p * c - q * s);
-      row[j + half] = __float2bfloat16_rn(q * c + p * s);
+  for (int e = 0; e < 8; ++e) {
+    const float p = __bfloat162float(__float2bfloat16_rn(wl[e] * (lo[e] * inv)));
+    const float q = __bfloat162float(__float2bfloat16_rn(wh[e] * (hi[e] * inv)));
+    lo[e] = p * c[e] - q * sv[e];
+    hi[e] = q * c[e] + p * sv[e];
+  }
+}
+
+// Eight f32 rounded to bf16 and packed (unpack_bf16x8's inverse).
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&f)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
+    w[e] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// With a.fused: the tile's queries straight from the projection into Qs, normed and rotated on
+// the way (no pass through shared memory first), while the chunk's K/V copies are in flight.
+// Rows of the m16 tiles past the tile's queries are zero.
+__device__ __forceinline__ void load_queries_normed(const SplitArgs& a, __nv_bfloat16* Qs, int Dp, int nq, int mtiles,
+                                                    int hg, int64_t t0, int h_base) {
+  const int L = a.D / 16, half = a.D / 2;
+  for (int i = threadIdx.x; i < mtiles * 16 * L; i += kSplitThreads) {  // a multiple of 32 when L > 1
+    const int qv = i / L, s = i % L;
+    const bool live = qv < nq;
+    const int64_t t = t0 + (live ? qv / hg : 0);
+    float lo[8], hi[8];
+    if (live) {
+      const __nv_bfloat16* row = a.q + t * a.ldq + int64_t(h_base + qv % hg) * a.D;
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(row + 8 * s), lo);
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(row + half + 8 * s), hi);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) lo[e] = hi[e] = 0.f;
+    }
+    norm_rope_segment(a, L, lo, hi, a.q_norm, a.q_pos0 + t, s);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(Qs + qv * Dp + 8 * s) = live ? pack_bf16x8(lo) : zero;
+    *reinterpret_cast<uint4*>(Qs + qv * Dp + half + 8 * s) = live ? pack_bf16x8(hi) : zero;
+  }
+}
+
+// With a.fused, once the keys are staged: the chunk's new keys (rows jn0 … n_load − 1 of Ks)
+// normed and rotated in place.
+__device__ __forceinline__ void norm_new_keys(const SplitArgs& a, __nv_bfloat16* Ks, int Dp, int64_t c0, int jn0,
+                                              int n_load) {
+  const int L = a.D / 16, half = a.D / 2;
+  const int items = (n_load - jn0) * L, padded = (items + 31) / 32 * 32;
+  for (int i = threadIdx.x; i < padded; i += kSplitThreads) {  // whole warps: the shuffles
+    const bool live = i < items;
+    const int j = jn0 + (live ? i / L : 0), s = i % L;
+    float lo[8], hi[8];
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(Ks + j * Dp + 8 * s), lo);
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(Ks + j * Dp + half + 8 * s), hi);
+    norm_rope_segment(a, L, lo, hi, a.k_norm, c0 + j, s);
+    if (live) {
+      *reinterpret_cast<uint4*>(Ks + j * Dp + 8 * s) = pack_bf16x8(lo);
+      *reinterpret_cast<uint4*>(Ks + j * Dp + half + 8 * s) = pack_bf16x8(hi);
     }
   }
 }
 
-// After staging with a.fused: the tile's queries and the chunk's new keys normed and rotated in
-// place (one warp per row), then the last row tile's block of the (chunk, KV head), which sees
-// every new row of the chunk, stores those keys and values into the cache.
-__device__ __forceinline__ void new_rows_in_place(const SplitArgs& a, __nv_bfloat16* Qs, __nv_bfloat16* Ks,
-                                                  const __nv_bfloat16* Vs, int Dp, int nq, int hg, int64_t t0,
-                                                  int kvh, int64_t c0, int n_load) {
-  const int warp = threadIdx.x / 32;
-  const int jn0 = static_cast<int>(max(int64_t(0), min(int64_t(n_load), a.new0 - c0)));
-  const int items = nq + (n_load - jn0);
-  for (int item = warp; item < items; item += kSplitThreads / 32) {
-    if (item < nq) norm_rope_row(a, Qs + item * Dp, a.q_norm, a.q_pos0 + t0 + item / hg);
-    else norm_rope_row(a, Ks + (jn0 + item - nq) * Dp, a.k_norm, c0 + jn0 + (item - nq));
-  }
-  __syncthreads();
+// With a.fused, after the whole chunk is staged and its new keys done: the last row tile's block
+// of each (chunk, KV head), which sees every new row of the chunk, stores those keys and values
+// into the cache (nothing in this launch reads them from there).
+__device__ __forceinline__ void store_new_rows(const SplitArgs& a, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs,
+                                               int Dp, int kvh, int64_t c0, int jn0, int n_load) {
   const bool writer = int(blockIdx.z) / a.head_tiles == a.row_tiles - 1 && int(blockIdx.z) % a.head_tiles == 0;
   if (!writer) return;
   const int segs = a.D / 8;
@@ -531,7 +584,9 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
     const int j = n_load + i / segs, s8 = (i % segs) * 8;
     *reinterpret_cast<uint4*>(Vs + j * Dp + s8) = make_uint4(0, 0, 0, 0);
   }
-  if (a.diag & 2) {
+  if (a.fused) {
+    load_queries_normed(a, Qs, Dp, nq, mtiles, hg, t0, h_base);
+  } else if (a.diag & 2) {
   } else if (a.qvec) {
     for (int i = threadIdx.x; i < mtiles * 16 * segs; i += kSplitThreads) {
       const int qv = i / segs, s8 = (i % segs) * 8;
@@ -546,14 +601,14 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
       Qs[qv * Dp + d] = qv < nq ? a.q[(t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + d] : zero;
     }
   }
-  if (a.fused) {
-    cp_async_wait<0>();
-    __syncthreads();
-    new_rows_in_place(a, Qs, Ks, Vs, Dp, nq, hg, t0, kvh, c0, n_load);
-  } else {
-    cp_async_wait<1>();
-  }
+  cp_async_wait<1>();
   __syncthreads();
+  // Chunks holding new rows (the last one or two of a step) norm and rotate their keys here.
+  const int jn0 = a.fused ? static_cast<int>(max(int64_t(0), min(int64_t(n_load), a.new0 - c0))) : n_load;
+  if (jn0 < n_load) {
+    norm_new_keys(a, Ks, Dp, c0, jn0, n_load);
+    __syncthreads();
+  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   for (int mt = 0; mt < (a.diag & 4 ? 0 : mtiles); ++mt) {
@@ -582,6 +637,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0);
   cp_async_wait<0>();
   __syncthreads();
+  if (jn0 < n_load) store_new_rows(a, Ks, Vs, Dp, kvh, c0, jn0, n_load);
   if (a.diag & 16) return;
 
   const int dtiles = D / 8;
@@ -649,27 +705,6 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
 }
 
-// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-__global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, kvh = blockIdx.y;
-  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
-  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
-  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
-  const int h_in_group = head_tile * a.heads_per_block;
-  const int hg = min(a.heads_per_block, a.group - h_in_group);
-  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
-  const int64_t c0 = int64_t(c) * kChunk;
-  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
-  // past it (rows beyond kv_len among them) are never read.
-  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  grid_dependency_begin();
-  if (n_load > 0) {
-    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-  }
-}
-
 // The merge, after split_kernel: one warp per (row, head), lane l owning output elements
 // l·V … (V = 4 when D % 4 == 0) and, for the max, chunks l, l + 32, …:
 // out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), both sums in chunk order 0, 1, … (each chunk's
@@ -679,12 +714,8 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
 // each tile's last block to finish, put a whole tile's merge on one block: the DFlash step at
 // Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29.)
 constexpr int kMergeEarlyChunks = 16;
-template <int V>
-__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin();
-  const int lane = threadIdx.x % 32;
-  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
-  if (pair >= a.T * a.hq) return;  // whole warps
+template <int V, int kEarly = kMergeEarlyChunks>
+__device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair /* t · hq + h */, int lane) {
   const int64_t t = pair / a.hq;
   const int n = static_cast<int>((visible_keys(t, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
   const float2* ml = a.part_ml + pair * a.nc;
@@ -694,9 +725,9 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   for (int base = 0; base < a.D; base += 32 * V) {  // warp-uniform
     const int d0 = base + lane * V;
     const bool live = d0 < a.D;  // D % V == 0
-    float early[kMergeEarlyChunks][V];
+    float early[kEarly][V];
 #pragma unroll
-    for (int c = 0; c < kMergeEarlyChunks; ++c)
+    for (int c = 0; c < kEarly; ++c)
       if (c < n && live) {
         if constexpr (V == 4) {
           const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(c) * a.D + d0));
@@ -717,7 +748,7 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
     float2 x = first;  // chunks cb … cb + 31: lane l holds chunk cb + l's (max, sum)
     float w_lane = lane < n ? exp2f(x.x - M) : 0.f;
 #pragma unroll
-    for (int c = 0; c < kMergeEarlyChunks; ++c) {
+    for (int c = 0; c < kEarly; ++c) {
       if (c >= n) break;  // warp-uniform
       const float w = __shfl_sync(0xffffffffu, w_lane, c), l = __shfl_sync(0xffffffffu, x.y, c);
       if (live) {
@@ -726,7 +757,7 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
       }
       den = fmaf(l, w, den);
     }
-    for (int c = kMergeEarlyChunks; c < n; ++c) {
+    for (int c = kEarly; c < n; ++c) {
       if (c % 32 == 0) {
         x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
         w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;
@@ -753,6 +784,58 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   }
 }
 
+template <int V>
+__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
+  grid_dependency_begin();
+  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (pair >= a.T * a.hq) return;  // whole warps
+  merge_pair<V>(a, pair, threadIdx.x % 32);
+}
+
+// Blocks of a (KV head, tile) in one cluster (a.cluster > 0) meet here once every chunk's
+// partials are written; the barrier's release/acquire makes those global stores visible to the
+// whole cluster.
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment. In a
+// cluster (a.cluster > 0) block x of the cluster takes chunks x, x + cluster, …, then the
+// cluster's warps merge the tile's (row, head) pairs, warp w taking pairs w, w + 4·cluster, ….
+__global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int kvh = blockIdx.y;
+  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
+  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
+  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
+  const int h_in_group = head_tile * a.heads_per_block;
+  const int hg = min(a.heads_per_block, a.group - h_in_group);
+  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
+  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
+  // past it (rows beyond kv_len among them) are never read.
+  const int64_t visible = visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal);
+  grid_dependency_begin();
+  for (int c = blockIdx.x; c < a.nc; c += gridDim.x) {
+    const int64_t c0 = int64_t(c) * kChunk;
+    const int n_load = keys_in_chunk(visible, c0);
+    if (n_load == 0) break;  // later chunks start later still
+    if (c != int(blockIdx.x)) __syncthreads();  // the previous chunk's shared memory is free
+    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+  }
+  if (a.cluster == 0) return;
+  cluster_barrier();
+  const int warps = kSplitThreads / 32;
+  for (int p = int(blockIdx.x) * warps + int(threadIdx.x) / 32; p < rows * hg; p += a.cluster * warps) {
+    const int64_t pair = (t0 + p / hg) * a.hq + h_base + p % hg;
+    if (a.D % 4 == 0) merge_pair<4, 4>(a, pair, threadIdx.x % 32);
+    else merge_pair<1, 4>(a, pair, threadIdx.x % 32);
+  }
+}
+
 // Split tiles hold about this many queries (rows × heads); see attention().
 constexpr int kSplitTileQueries = 16;
 constexpr int64_t kSplitManyBlocks = 2048;
@@ -774,6 +857,48 @@ bool split_mma_enabled() {
   return enabled;
 }
 
+// The largest cluster the split path forms (0: none, a separate merge launch). Up to 16 blocks
+// (past the portable 8, which H100/H200 allow), as the device reports for the largest split
+// block; read once per process. DFLASH_ATTN_CLUSTER=0 keeps the merge launch (to measure
+// against). The cluster decides only which block computes a chunk and which warp merges a
+// (row, head), never how, so batch invariance holds either way.
+int split_cluster_max() {
+  static const int size = [] {
+    if (const char* e = std::getenv("DFLASH_ATTN_CLUSTER"); e && std::string(e) == "0") return 0;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    const int smem = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
+                                                split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)}));
+    if (cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+        cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 16;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(16, 1, 1);
+    cfg.blockDim = dim3(kSplitThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int most = 0;
+    if (cudaOccupancyMaxPotentialClusterSize(&most, split_kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return std::min(most, 16);
+  }();
+  return size;
+}
+
 int64_t split_chunks(int64_t kv_len) { return (kv_len + kChunk - 1) / kChunk; }
 int round_up8(int64_t d) { return static_cast<int>((d + 7) / 8 * 8); }
 // Queries (rows × heads) one split block serves: its shared memory holds them in f32.
@@ -784,7 +909,9 @@ size_t split_ml_bytes(int64_t T, int64_t hq, int64_t nc) { return (size_t(T * hq
 }  // namespace
 
 bool attention_takes_new_rows(int64_t head_dim) {
-  return head_dim % 16 == 0 && head_dim <= kMaxHeadDim && split_mma_enabled();
+  // D/16 lanes a row (norm_rope_segment): a power of two.
+  const int64_t lanes = head_dim / 16;
+  return head_dim % 16 == 0 && head_dim <= kMaxHeadDim && (lanes & (lanes - 1)) == 0 && split_mma_enabled();
 }
 
 size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len) {
@@ -895,12 +1022,15 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
           static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                      split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)})));
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
-      const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
+      a.cluster = static_cast<int>(std::min<int64_t>(nc, split_cluster_max()));
+      const dim3 grid(static_cast<unsigned>(a.cluster > 0 ? a.cluster : nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
+      launch_kernel_clustered("attention", split_kernel, grid, kSplitThreads, smem, s, static_cast<unsigned>(a.cluster),
+                              a);
     }
-    launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
-                  128, 0, s, a);
+    if (a.cluster == 0)
+      launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>,
+                    blocks_for(T * hq * 32, 128), 128, 0, s, a);
     return;
   }
 

@@ -442,7 +442,8 @@ class CudaBackend final : public Backend {
                        table.head_dim() == head_dim && k.cols == v.cols && k.cols == k_cache.cols &&
                        v.cols == v_cache.cols && kv_len <= k_cache.rows && kv_len <= v_cache.rows &&
                        positions[0] >= 0 && kv_len <= table.size() && aligned16(q) && aligned16(k) &&
-                       aligned16(v) && aligned16(k_cache) && aligned16(v_cache) &&
+                       aligned16(v) && aligned16(k_cache) && aligned16(v_cache) && reinterpret_cast<uintptr_t>(q_norm.data) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(k_norm.data) % 16 == 0 &&
                        attention_takes_new_rows(head_dim) && fused_attention_enabled();
     if (!fused)
       return Backend::qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, positions, head_dim, table, k_cache,
