@@ -221,10 +221,6 @@ struct SplitArgs {
   __nv_bfloat16* k_out;  // = k, v: where the new rows are stored
   __nv_bfloat16* v_out;
   int row_tiles;
-  // > 0: the split blocks of a (KV head, tile) form one thread-block cluster of this many blocks
-  // along the chunks (each taking chunks rank, rank + cluster, …) and merge inside it after a
-  // cluster barrier, so no merge launch follows.
-  int cluster;
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -413,16 +409,15 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   else split_pv<4>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
 }
 
-// stage_chunk_kv where the chunk may hold new rows (a.fused): rows at or past new0 come raw
-// from the projection (knew/vnew) instead of the cache, to be normed and rotated in place.
+// stage_chunk_kv where the chunk may hold new rows (a.fused): values at or past new0 come raw
+// from the projection (vnew) instead of the cache, keys from load_new_keys_normed.
 __device__ __forceinline__ void stage_chunk_kv_new(const SplitArgs& a, __nv_bfloat16* Ks, __nv_bfloat16* Vs, int Dp,
                                                    int kvh, int64_t c0, int n_load) {
   const int segs = a.D / 8;
-  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+  const int n_old = static_cast<int>(max(int64_t(0), min(int64_t(n_load), a.new0 - c0)));
+  for (int i = threadIdx.x; i < n_old * segs; i += kSplitThreads) {  // new keys: load_new_keys_normed
     const int j = i / segs, s8 = (i % segs) * 8;
-    const int64_t pos = c0 + j;
-    const __nv_bfloat16* src = pos < a.new0 ? a.k + pos * a.ldk : a.knew + (pos - a.new0) * a.ldknew;
-    cp_async16(Ks + j * Dp + s8, src + int64_t(kvh) * a.D + s8);
+    cp_async16(Ks + j * Dp + s8, a.k + (c0 + j) * a.ldk + int64_t(kvh) * a.D + s8);
   }
   cp_async_commit();
   for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
@@ -506,18 +501,19 @@ __device__ __forceinline__ void load_queries_normed(const SplitArgs& a, __nv_bfl
   }
 }
 
-// With a.fused, once the keys are staged: the chunk's new keys (rows jn0 … n_load − 1 of Ks)
-// normed and rotated in place.
-__device__ __forceinline__ void norm_new_keys(const SplitArgs& a, __nv_bfloat16* Ks, int Dp, int64_t c0, int jn0,
-                                              int n_load) {
+// With a.fused: the chunk's new keys (rows jn0 … n_load − 1 of Ks) straight from the projection,
+// normed and rotated on the way, beside the cached keys' copies.
+__device__ __forceinline__ void load_new_keys_normed(const SplitArgs& a, __nv_bfloat16* Ks, int Dp, int kvh,
+                                                     int64_t c0, int jn0, int n_load) {
   const int L = a.D / 16, half = a.D / 2;
   const int items = (n_load - jn0) * L, padded = (items + 31) / 32 * 32;
   for (int i = threadIdx.x; i < padded; i += kSplitThreads) {  // whole warps: the shuffles
     const bool live = i < items;
     const int j = jn0 + (live ? i / L : 0), s = i % L;
+    const __nv_bfloat16* row = a.knew + (c0 + j - a.new0) * a.ldknew + int64_t(kvh) * a.D;
     float lo[8], hi[8];
-    unpack_bf16x8(*reinterpret_cast<const uint4*>(Ks + j * Dp + 8 * s), lo);
-    unpack_bf16x8(*reinterpret_cast<const uint4*>(Ks + j * Dp + half + 8 * s), hi);
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(row + 8 * s), lo);
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(row + half + 8 * s), hi);
     norm_rope_segment(a, L, lo, hi, a.k_norm, c0 + j, s);
     if (live) {
       *reinterpret_cast<uint4*>(Ks + j * Dp + 8 * s) = pack_bf16x8(lo);
@@ -584,8 +580,11 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
     const int j = n_load + i / segs, s8 = (i % segs) * 8;
     *reinterpret_cast<uint4*>(Vs + j * Dp + s8) = make_uint4(0, 0, 0, 0);
   }
+  // Chunks holding new rows (the last one or two of a step) take their keys from the projection.
+  const int jn0 = a.fused ? static_cast<int>(max(int64_t(0), min(int64_t(n_load), a.new0 - c0))) : n_load;
   if (a.fused) {
     load_queries_normed(a, Qs, Dp, nq, mtiles, hg, t0, h_base);
+    if (jn0 < n_load) load_new_keys_normed(a, Ks, Dp, kvh, c0, jn0, n_load);
   } else if (a.diag & 2) {
   } else if (a.qvec) {
     for (int i = threadIdx.x; i < mtiles * 16 * segs; i += kSplitThreads) {
@@ -603,12 +602,6 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
   cp_async_wait<1>();
   __syncthreads();
-  // Chunks holding new rows (the last one or two of a step) norm and rotate their keys here.
-  const int jn0 = a.fused ? static_cast<int>(max(int64_t(0), min(int64_t(n_load), a.new0 - c0))) : n_load;
-  if (jn0 < n_load) {
-    norm_new_keys(a, Ks, Dp, c0, jn0, n_load);
-    __syncthreads();
-  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   for (int mt = 0; mt < (a.diag & 4 ? 0 : mtiles); ++mt) {
@@ -705,6 +698,27 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
 }
 
+// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
+__global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
+  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
+  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
+  const int h_in_group = head_tile * a.heads_per_block;
+  const int hg = min(a.heads_per_block, a.group - h_in_group);
+  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
+  const int64_t c0 = int64_t(c) * kChunk;
+  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
+  // past it (rows beyond kv_len among them) are never read.
+  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
+  grid_dependency_begin();
+  if (n_load > 0) {
+    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+  }
+}
+
 // The merge, after split_kernel: one warp per (row, head), lane l owning output elements
 // l·V … (V = 4 when D % 4 == 0) and, for the max, chunks l, l + 32, …:
 // out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), both sums in chunk order 0, 1, … (each chunk's
@@ -714,8 +728,12 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
 // each tile's last block to finish, put a whole tile's merge on one block: the DFlash step at
 // Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29.)
 constexpr int kMergeEarlyChunks = 16;
-template <int V, int kEarly = kMergeEarlyChunks>
-__device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair /* t · hq + h */, int lane) {
+template <int V>
+__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
+  grid_dependency_begin();
+  const int lane = threadIdx.x % 32;
+  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
+  if (pair >= a.T * a.hq) return;  // whole warps
   const int64_t t = pair / a.hq;
   const int n = static_cast<int>((visible_keys(t, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
   const float2* ml = a.part_ml + pair * a.nc;
@@ -725,9 +743,9 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair /* t
   for (int base = 0; base < a.D; base += 32 * V) {  // warp-uniform
     const int d0 = base + lane * V;
     const bool live = d0 < a.D;  // D % V == 0
-    float early[kEarly][V];
+    float early[kMergeEarlyChunks][V];
 #pragma unroll
-    for (int c = 0; c < kEarly; ++c)
+    for (int c = 0; c < kMergeEarlyChunks; ++c)
       if (c < n && live) {
         if constexpr (V == 4) {
           const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(c) * a.D + d0));
@@ -748,7 +766,7 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair /* t
     float2 x = first;  // chunks cb … cb + 31: lane l holds chunk cb + l's (max, sum)
     float w_lane = lane < n ? exp2f(x.x - M) : 0.f;
 #pragma unroll
-    for (int c = 0; c < kEarly; ++c) {
+    for (int c = 0; c < kMergeEarlyChunks; ++c) {
       if (c >= n) break;  // warp-uniform
       const float w = __shfl_sync(0xffffffffu, w_lane, c), l = __shfl_sync(0xffffffffu, x.y, c);
       if (live) {
@@ -757,7 +775,7 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair /* t
       }
       den = fmaf(l, w, den);
     }
-    for (int c = kEarly; c < n; ++c) {
+    for (int c = kMergeEarlyChunks; c < n; ++c) {
       if (c % 32 == 0) {
         x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
         w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;
@@ -784,58 +802,6 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair /* t
   }
 }
 
-template <int V>
-__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin();
-  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (pair >= a.T * a.hq) return;  // whole warps
-  merge_pair<V>(a, pair, threadIdx.x % 32);
-}
-
-// Blocks of a (KV head, tile) in one cluster (a.cluster > 0) meet here once every chunk's
-// partials are written; the barrier's release/acquire makes those global stores visible to the
-// whole cluster.
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-
-// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment. In a
-// cluster (a.cluster > 0) block x of the cluster takes chunks x, x + cluster, …, then the
-// cluster's warps merge the tile's (row, head) pairs, warp w taking pairs w, w + 4·cluster, ….
-__global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int kvh = blockIdx.y;
-  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
-  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
-  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
-  const int h_in_group = head_tile * a.heads_per_block;
-  const int hg = min(a.heads_per_block, a.group - h_in_group);
-  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
-  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
-  // past it (rows beyond kv_len among them) are never read.
-  const int64_t visible = visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal);
-  grid_dependency_begin();
-  for (int c = blockIdx.x; c < a.nc; c += gridDim.x) {
-    const int64_t c0 = int64_t(c) * kChunk;
-    const int n_load = keys_in_chunk(visible, c0);
-    if (n_load == 0) break;  // later chunks start later still
-    if (c != int(blockIdx.x)) __syncthreads();  // the previous chunk's shared memory is free
-    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-  }
-  if (a.cluster == 0) return;
-  cluster_barrier();
-  const int warps = kSplitThreads / 32;
-  for (int p = int(blockIdx.x) * warps + int(threadIdx.x) / 32; p < rows * hg; p += a.cluster * warps) {
-    const int64_t pair = (t0 + p / hg) * a.hq + h_base + p % hg;
-    if (a.D % 4 == 0) merge_pair<4, 4>(a, pair, threadIdx.x % 32);
-    else merge_pair<1, 4>(a, pair, threadIdx.x % 32);
-  }
-}
-
 // Split tiles hold about this many queries (rows × heads); see attention().
 constexpr int kSplitTileQueries = 16;
 constexpr int64_t kSplitManyBlocks = 2048;
@@ -855,48 +821,6 @@ bool split_mma_enabled() {
     return attr.ptxVersion >= 80 && attr.binaryVersion >= 80;
   }();
   return enabled;
-}
-
-// The largest cluster the split path forms (0: none, a separate merge launch). Up to 16 blocks
-// (past the portable 8, which H100/H200 allow), as the device reports for the largest split
-// block; read once per process. DFLASH_ATTN_CLUSTER=0 keeps the merge launch (to measure
-// against). The cluster decides only which block computes a chunk and which warp merges a
-// (row, head), never how, so batch invariance holds either way.
-int split_cluster_max() {
-  static const int size = [] {
-    if (const char* e = std::getenv("DFLASH_ATTN_CLUSTER"); e && std::string(e) == "0") return 0;
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    const int smem = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
-                                                split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)}));
-    if (cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
-        cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 16;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(16, 1, 1);
-    cfg.blockDim = dim3(kSplitThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int most = 0;
-    if (cudaOccupancyMaxPotentialClusterSize(&most, split_kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return std::min(most, 16);
-  }();
-  return size;
 }
 
 int64_t split_chunks(int64_t kv_len) { return (kv_len + kChunk - 1) / kChunk; }
@@ -1022,15 +946,12 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
           static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                      split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)})));
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
-      a.cluster = static_cast<int>(std::min<int64_t>(nc, split_cluster_max()));
-      const dim3 grid(static_cast<unsigned>(a.cluster > 0 ? a.cluster : nc), static_cast<unsigned>(hkv),
+      const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      launch_kernel_clustered("attention", split_kernel, grid, kSplitThreads, smem, s, static_cast<unsigned>(a.cluster),
-                              a);
+      launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
     }
-    if (a.cluster == 0)
-      launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>,
-                    blocks_for(T * hq * 32, 128), 128, 0, s, a);
+    launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
+                  128, 0, s, a);
     return;
   }
 

@@ -45,37 +45,21 @@ inline bool op_listed(OpList which, const char* op) {
   return !list.empty() && list.find("," + std::string(op) + ",") != std::string::npos;
 }
 
-// cluster_x > 0: thread-block clusters of cluster_x blocks along x (sm_90+; grid.x a multiple).
 template <typename... Params, typename... Args>
-void launch_kernel_clustered(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t s, unsigned cluster_x, Args&&... args) {
+void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
   if (op_listed(OpList::NoOp, op)) return;
-  cudaLaunchAttribute attrs[2]{};
-  unsigned n = 0;
-  if (pdl_enabled() && !op_listed(OpList::PdlSkip, op)) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster_x > 0) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = cluster_x;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n++].val.clusterDim.z = 1;
-  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() && !op_listed(OpList::PdlSkip, op) ? 1 : 0;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, "kernel launch");
-}
-
-template <typename... Params, typename... Args>
-void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   Args&&... args) {
-  launch_kernel_clustered(op, kernel, grid, block, smem, s, 0u, std::forward<Args>(args)...);
 }
 
 }  // namespace dflash::cuda
