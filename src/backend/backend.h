@@ -93,13 +93,6 @@ class Backend {
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
                                   int64_t head_dim, const RopeTable& table, Tensor& k_dst, Tensor& v_dst);
-  // qk_norm_rope_store of a layer's new rows (q in place, k/v into cache rows kv_pos0 … kv_pos0 +
-  // T − 1), then attention(q, k_cache, v_cache) over kv_len rows from positions[0]: one step, so
-  // a backend may do both in one launch. q is left in an unspecified state.
-  virtual void qk_norm_rope_attention(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
-                                      const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
-                                      int64_t head_dim, const RopeTable& table, Tensor& k_cache, Tensor& v_cache,
-                                      int64_t kv_pos0, int64_t kv_len, AttentionMask mask, Tensor& out);
 };
 
 // The shape of several checkpoint tensors concatenated along rows (a fused projection; a 1-D

@@ -208,19 +208,6 @@ struct SplitArgs {
   bool causal, vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
-  // new_rows (kernels.h, AttentionNewRows): q is raw; rows new0 … of the cache are still in knew/vnew.
-  bool fused;
-  const __nv_bfloat16* knew;
-  const __nv_bfloat16* vnew;
-  int64_t ldknew, ldvnew, new0;
-  const float* q_norm;
-  const float* k_norm;
-  float eps;
-  const float* cos;
-  const float* sin;
-  __nv_bfloat16* k_out;  // = k, v: where the new rows are stored
-  __nv_bfloat16* v_out;
-  int row_tiles;
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -409,137 +396,6 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   else split_pv<4>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
 }
 
-// stage_chunk_kv where the chunk may hold new rows (a.fused): values at or past new0 come raw
-// from the projection (vnew) instead of the cache, keys from load_new_keys_normed.
-__device__ __forceinline__ void stage_chunk_kv_new(const SplitArgs& a, __nv_bfloat16* Ks, __nv_bfloat16* Vs, int Dp,
-                                                   int kvh, int64_t c0, int n_load) {
-  const int segs = a.D / 8;
-  const int n_old = static_cast<int>(max(int64_t(0), min(int64_t(n_load), a.new0 - c0)));
-  for (int i = threadIdx.x; i < n_old * segs; i += kSplitThreads) {  // new keys: load_new_keys_normed
-    const int j = i / segs, s8 = (i % segs) * 8;
-    cp_async16(Ks + j * Dp + s8, a.k + (c0 + j) * a.ldk + int64_t(kvh) * a.D + s8);
-  }
-  cp_async_commit();
-  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
-    const int j = i / segs, s8 = (i % segs) * 8;
-    const int64_t pos = c0 + j;
-    const __nv_bfloat16* src = pos < a.new0 ? a.v + pos * a.ldv : a.vnew + (pos - a.new0) * a.ldvnew;
-    cp_async16(Vs + j * Dp + s8, src + int64_t(kvh) * a.D + s8);
-  }
-  cp_async_commit();
-}
-
-// q/k-norm and RoPE of one head row, spread over L = D/16 neighbouring lanes: lane s of the
-// group holds elements 8s … 8s + 7 (lo) and their rotation partners D/2 + 8s … (hi). RMSNorm with
-// weight w, rounded to bf16 as the standalone kernel stores it, then rotate-half RoPE at
-// position pos, rounded. Each lane sums its squares lo then hi in order, then a fixed xor
-// butterfly over the group (every lane ends with the same bits): a function of the row alone.
-// Every lane of the warp must call it (the shuffles name the whole warp); L is a power of two.
-__device__ __forceinline__ void norm_rope_segment(const SplitArgs& a, int L, float (&lo)[8], float (&hi)[8],
-                                                  const float* w, int64_t pos, int s) {
-  const int half = a.D / 2, j0 = 8 * s;
-  float ss = 0.f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) ss = fmaf(lo[e], lo[e], ss);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) ss = fmaf(hi[e], hi[e], ss);
-  const float* cs = a.cos + pos * half + j0;
-  const float* sn = a.sin + pos * half + j0;
-  float c[8], sv[8], wl[8], wh[8];
-#pragma unroll
-  for (int e = 0; e < 8; e += 4) {
-    *reinterpret_cast<float4*>(c + e) = __ldg(reinterpret_cast<const float4*>(cs + e));
-    *reinterpret_cast<float4*>(sv + e) = __ldg(reinterpret_cast<const float4*>(sn + e));
-    *reinterpret_cast<float4*>(wl + e) = __ldg(reinterpret_cast<const float4*>(w + j0 + e));
-    *reinterpret_cast<float4*>(wh + e) = __ldg(reinterpret_cast<const float4*>(w + half + j0 + e));
-  }
-  for (int m = L / 2; m > 0; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-  const float inv = rsqrtf(ss / static_cast<float>(a.D) + a.eps);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float p = __bfloat162float(__float2bfloat16_rn(wl[e] * (lo[e] * inv)));
-    const float q = __bfloat162float(__float2bfloat16_rn(wh[e] * (hi[e] * inv)));
-    lo[e] = p * c[e] - q * sv[e];
-    hi[e] = q * c[e] + p * sv[e];
-  }
-}
-
-// Eight f32 rounded to bf16 and packed (unpack_bf16x8's inverse).
-__device__ __forceinline__ uint4 pack_bf16x8(const float (&f)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
-    w[e] = *reinterpret_cast<const uint32_t*>(&h);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// With a.fused: the tile's queries straight from the projection into Qs, normed and rotated on
-// the way (no pass through shared memory first), while the chunk's K/V copies are in flight.
-// Rows of the m16 tiles past the tile's queries are zero.
-__device__ __forceinline__ void load_queries_normed(const SplitArgs& a, __nv_bfloat16* Qs, int Dp, int nq, int mtiles,
-                                                    int hg, int64_t t0, int h_base) {
-  const int L = a.D / 16, half = a.D / 2;
-  for (int i = threadIdx.x; i < mtiles * 16 * L; i += kSplitThreads) {  // a multiple of 32 when L > 1
-    const int qv = i / L, s = i % L;
-    const bool live = qv < nq;
-    const int64_t t = t0 + (live ? qv / hg : 0);
-    float lo[8], hi[8];
-    if (live) {
-      const __nv_bfloat16* row = a.q + t * a.ldq + int64_t(h_base + qv % hg) * a.D;
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(row + 8 * s), lo);
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(row + half + 8 * s), hi);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) lo[e] = hi[e] = 0.f;
-    }
-    norm_rope_segment(a, L, lo, hi, a.q_norm, a.q_pos0 + t, s);
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(Qs + qv * Dp + 8 * s) = live ? pack_bf16x8(lo) : zero;
-    *reinterpret_cast<uint4*>(Qs + qv * Dp + half + 8 * s) = live ? pack_bf16x8(hi) : zero;
-  }
-}
-
-// With a.fused: the chunk's new keys (rows jn0 … n_load − 1 of Ks) straight from the projection,
-// normed and rotated on the way, beside the cached keys' copies.
-__device__ __forceinline__ void load_new_keys_normed(const SplitArgs& a, __nv_bfloat16* Ks, int Dp, int kvh,
-                                                     int64_t c0, int jn0, int n_load) {
-  const int L = a.D / 16, half = a.D / 2;
-  const int items = (n_load - jn0) * L, padded = (items + 31) / 32 * 32;
-  for (int i = threadIdx.x; i < padded; i += kSplitThreads) {  // whole warps: the shuffles
-    const bool live = i < items;
-    const int j = jn0 + (live ? i / L : 0), s = i % L;
-    const __nv_bfloat16* row = a.knew + (c0 + j - a.new0) * a.ldknew + int64_t(kvh) * a.D;
-    float lo[8], hi[8];
-    unpack_bf16x8(*reinterpret_cast<const uint4*>(row + 8 * s), lo);
-    unpack_bf16x8(*reinterpret_cast<const uint4*>(row + half + 8 * s), hi);
-    norm_rope_segment(a, L, lo, hi, a.k_norm, c0 + j, s);
-    if (live) {
-      *reinterpret_cast<uint4*>(Ks + j * Dp + 8 * s) = pack_bf16x8(lo);
-      *reinterpret_cast<uint4*>(Ks + j * Dp + half + 8 * s) = pack_bf16x8(hi);
-    }
-  }
-}
-
-// With a.fused, after the whole chunk is staged and its new keys done: the last row tile's block
-// of each (chunk, KV head), which sees every new row of the chunk, stores those keys and values
-// into the cache (nothing in this launch reads them from there).
-__device__ __forceinline__ void store_new_rows(const SplitArgs& a, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs,
-                                               int Dp, int kvh, int64_t c0, int jn0, int n_load) {
-  const bool writer = int(blockIdx.z) / a.head_tiles == a.row_tiles - 1 && int(blockIdx.z) % a.head_tiles == 0;
-  if (!writer) return;
-  const int segs = a.D / 8;
-  for (int i = threadIdx.x; i < (n_load - jn0) * segs; i += kSplitThreads) {
-    const int j = jn0 + i / segs, s8 = (i % segs) * 8;
-    const int64_t pos = c0 + j;
-    *reinterpret_cast<uint4*>(a.k_out + pos * a.ldk + int64_t(kvh) * a.D + s8) =
-        *reinterpret_cast<const uint4*>(Ks + j * Dp + s8);
-    *reinterpret_cast<uint4*>(a.v_out + pos * a.ldv + int64_t(kvh) * a.D + s8) =
-        *reinterpret_cast<const uint4*>(Vs + j * Dp + s8);
-  }
-}
-
 // Shared memory of one tensor-core split block: K and V as in split_chunk, then the queries as
 // bf16 rows of D8 + 8 for whole m16 tiles (rows past the tile's queries zero), then f32 scores
 // and probabilities for those rows.
@@ -570,9 +426,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __nv_bfloat16* Qs = Vs + kChunk * Dp;
   auto* Ss = reinterpret_cast<float*>(Qs + mtiles * 16 * Dp);
 
-  if (a.fused)
-    stage_chunk_kv_new(a, Ks, Vs, Dp, kvh, c0, n_load);
-  else if (!(a.diag & 1))
+  if (!(a.diag & 1))
     stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   const int segs = D / 8;
   // V rows past the loaded keys meet probabilities of exactly 0, which must not meet NaNs.
@@ -580,12 +434,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
     const int j = n_load + i / segs, s8 = (i % segs) * 8;
     *reinterpret_cast<uint4*>(Vs + j * Dp + s8) = make_uint4(0, 0, 0, 0);
   }
-  // Chunks holding new rows (the last one or two of a step) take their keys from the projection.
-  const int jn0 = a.fused ? static_cast<int>(max(int64_t(0), min(int64_t(n_load), a.new0 - c0))) : n_load;
-  if (a.fused) {
-    load_queries_normed(a, Qs, Dp, nq, mtiles, hg, t0, h_base);
-    if (jn0 < n_load) load_new_keys_normed(a, Ks, Dp, kvh, c0, jn0, n_load);
-  } else if (a.diag & 2) {
+  if (a.diag & 2) {
   } else if (a.qvec) {
     for (int i = threadIdx.x; i < mtiles * 16 * segs; i += kSplitThreads) {
       const int qv = i / segs, s8 = (i % segs) * 8;
@@ -630,7 +479,6 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0);
   cp_async_wait<0>();
   __syncthreads();
-  if (jn0 < n_load) store_new_rows(a, Ks, Vs, Dp, kvh, c0, jn0, n_load);
   if (a.diag & 16) return;
 
   const int dtiles = D / 8;
@@ -832,12 +680,6 @@ size_t split_ml_bytes(int64_t T, int64_t hq, int64_t nc) { return (size_t(T * hq
 
 }  // namespace
 
-bool attention_takes_new_rows(int64_t head_dim) {
-  // D/16 lanes a row (norm_rope_segment): a power of two.
-  const int64_t lanes = head_dim / 16;
-  return head_dim % 16 == 0 && head_dim <= kMaxHeadDim && (lanes & (lanes - 1)) == 0 && split_mma_enabled();
-}
-
 size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len) {
   if (T > kAttentionSplitMaxRows || T == 0) return 0;
   const int64_t nc = split_chunks(kv_len);
@@ -846,7 +688,7 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, cudaStream_t s, const AttentionNewRows* new_rows) {
+               bool causal, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -858,7 +700,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
   auto* op = static_cast<__nv_bfloat16*>(out);
   const int group = static_cast<int>(hq / hkv), D = static_cast<int>(head_dim);
 
-  if (new_rows && T > kAttentionSplitMaxRows) throw Error("cuda attention: new rows beyond the split path");
   if (T <= kAttentionSplitMaxRows) {
     if (!scratch && attention_scratch_bytes(T, hq, head_dim, kv_len) > 0)
       throw Error("cuda attention: the split path needs scratch (attention_scratch_bytes)");
@@ -893,27 +734,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       return e ? std::atoi(e) : 0;
     }();
     a.diag = diag;
-    if (new_rows) {
-      // Every new row lies below kv_len and is seen by the last row tile (the caller checks
-      // kv_len == new0 + T), whose block in each chunk stores them; nothing else reads them
-      // from the cache during this launch.
-      if (!a.mma || !a.qvec || !attention_takes_new_rows(head_dim) || !rows_aligned16(new_rows->k, new_rows->ldk, 2) ||
-          !rows_aligned16(new_rows->v, new_rows->ldv, 2) || new_rows->new0 + T != kv_len || q_pos0 != new_rows->new0)
-        throw Error("cuda attention: new rows given where the fused path does not apply");
-      a.fused = true;
-      a.knew = static_cast<const __nv_bfloat16*>(new_rows->k);
-      a.vnew = static_cast<const __nv_bfloat16*>(new_rows->v);
-      a.ldknew = new_rows->ldk;
-      a.ldvnew = new_rows->ldv;
-      a.new0 = new_rows->new0;
-      a.q_norm = new_rows->q_norm;
-      a.k_norm = new_rows->k_norm;
-      a.eps = new_rows->eps;
-      a.cos = new_rows->cos;
-      a.sin = new_rows->sin;
-      a.k_out = static_cast<__nv_bfloat16*>(new_rows->k_cache);
-      a.v_out = static_cast<__nv_bfloat16*>(new_rows->v_cache);
-    }
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they
@@ -937,7 +757,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         rows = std::min(max_rows, rows * 2);
       a.rows_per_block = static_cast<int>(rows);
       const int64_t row_tiles = (T + rows - 1) / rows;
-      a.row_tiles = static_cast<int>(row_tiles);
       const int nq = a.rows_per_block * a.heads_per_block;
       const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.

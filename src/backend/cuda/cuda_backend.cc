@@ -423,63 +423,8 @@ class CudaBackend final : public Backend {
                              stream_);
   }
 
-  // Decode and verification rows on the tensor-core split path: one launch norms, rotates and
-  // stores the new rows and attends (kernels.h, AttentionNewRows). The conditions read shapes,
-  // dtypes, pointers and strides and T ≤ 32 only, so a row alone and in its block take the same
-  // path; elsewhere the two ops.
-  void qk_norm_rope_attention(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
-                              const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
-                              int64_t head_dim, const RopeTable& table, Tensor& k_cache, Tensor& v_cache,
-                              int64_t kv_pos0, int64_t kv_len, AttentionMask mask, Tensor& out) override {
-    const int64_t T = k.rows;
-    bool consecutive = static_cast<int64_t>(positions.size()) == T && T > 0 && positions[0] == kv_pos0;
-    for (int64_t r = 1; consecutive && r < T; ++r) consecutive = positions[r] == positions[0] + int32_t(r);
-    const bool fused = consecutive && T <= kAttentionSplitMaxRows && !q.empty() && q.rows == T &&
-                       kv_len == kv_pos0 + T && on_device(q, DType::BF16) && on_device(k, DType::BF16) &&
-                       on_device(v, DType::BF16) && on_device(k_cache, DType::BF16) &&
-                       on_device(v_cache, DType::BF16) && on_device(q_norm, DType::F32) &&
-                       on_device(k_norm, DType::F32) && q_norm.numel() == head_dim && k_norm.numel() == head_dim &&
-                       table.head_dim() == head_dim && k.cols == v.cols && k.cols == k_cache.cols &&
-                       v.cols == v_cache.cols && kv_len <= k_cache.rows && kv_len <= v_cache.rows &&
-                       positions[0] >= 0 && kv_len <= table.size() && aligned16(q) && aligned16(k) &&
-                       aligned16(v) && aligned16(k_cache) && aligned16(v_cache) && reinterpret_cast<uintptr_t>(q_norm.data) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(k_norm.data) % 16 == 0 &&
-                       attention_takes_new_rows(head_dim) && fused_attention_enabled();
-    if (!fused)
-      return Backend::qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, positions, head_dim, table, k_cache,
-                                             v_cache, kv_pos0, kv_len, mask, out);
-    const RopeEntry& e = rope_table(table);
-    AttentionNewRows nr;
-    nr.k = k.data;
-    nr.ldk = k.ld;
-    nr.v = v.data;
-    nr.ldv = v.ld;
-    nr.new0 = kv_pos0;
-    nr.q_norm = q_norm.ptr<float>();
-    nr.k_norm = k_norm.ptr<float>();
-    nr.eps = eps;
-    nr.cos = static_cast<const float*>(e.cos.get());
-    nr.sin = static_cast<const float*>(e.sin.get());
-    nr.k_cache = k_cache.data;
-    nr.v_cache = v_cache.data;
-    run_attention(q, k_cache, v_cache, kv_len, positions[0], head_dim, mask, out, &nr);
-  }
-  // DFLASH_FUSED_ATTENTION=0: the two launches (to measure against).
-  static bool fused_attention_enabled() {
-    static const bool on = [] {
-      const char* e = std::getenv("DFLASH_FUSED_ATTENTION");
-      return !(e && std::string(e) == "0");
-    }();
-    return on;
-  }
-
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
                  AttentionMask mask, Tensor& out) override {
-    run_attention(q, k, v, kv_len, q_pos0, head_dim, mask, out, nullptr);
-  }
-
-  void run_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0,
-                     int64_t head_dim, AttentionMask mask, Tensor& out, const AttentionNewRows* new_rows) {
     expect(q, DType::BF16, "attention", "q");
     expect(k, DType::BF16, "attention", "k");
     expect(v, DType::BF16, "attention", "v");
@@ -508,7 +453,7 @@ class CudaBackend final : public Backend {
       scratch = pool_->allocate(rounded, "attention");
     }
     cuda::attention(q.data, q.ld, k.data, k.ld, v.data, v.ld, out.data, out.ld, q.rows, hq, hkv, head_dim, kv_len,
-                    q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_, new_rows);
+                    q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_);
   }
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {

@@ -75,33 +75,11 @@ void rope(void* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim, c
 // block equals the same row decoded alone, bit for bit. That path needs `scratch` of
 // attention_scratch_bytes() (f32 partial results; 0 means none, and null is then fine), which a
 // second launch merges. Larger T (prefill) takes a one-block-per-(row, head) kernel.
-//
-// new_rows (Backend::qk_norm_rope_attention, the split path on the tensor cores only, where
-// attention_takes_new_rows()): q is raw from the projection and the T new rows of k/v are not
-// in the cache yet. Each split block norms and rotates its own queries and the new keys of its
-// chunk in shared memory, and the last row tile's block of each (chunk, KV head) writes those
-// keys and values into the cache, so the q/k-norm/RoPE/store launch goes. Each value is a
-// function of its own row, so batch invariance holds as above.
-struct AttentionNewRows {
-  const void* k = nullptr;  // raw new rows, [T, hkv·D]: row r is position new0 + r
-  int64_t ldk = 0;
-  const void* v = nullptr;
-  int64_t ldv = 0;
-  int64_t new0 = 0;
-  const float* q_norm = nullptr;  // [D]
-  const float* k_norm = nullptr;
-  float eps = 0.f;
-  const float* cos = nullptr;  // [positions, D/2]
-  const float* sin = nullptr;
-  void* k_cache = nullptr;  // the k / v attention reads; rows new0 … new0 + T − 1 are written
-  void* v_cache = nullptr;
-};
 constexpr int64_t kAttentionSplitMaxRows = 32;
-bool attention_takes_new_rows(int64_t head_dim);
 size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len);
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, cudaStream_t s, const AttentionNewRows* new_rows = nullptr);
+               bool causal, void* scratch, cudaStream_t s);
 
 void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64_t ldo, Elem out_elem, int64_t rows,
               int64_t inter, cudaStream_t s);
