@@ -43,7 +43,7 @@ fi
 
 OUT=${OUT:-/tmp/dflash-gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-"env build tests doctor pycode bench forced hf"}
+STEPS=${STEPS:-"env build tests doctor pycode bench forced sampled hf"}
 Q8B=${Q8B:-build-gpu/q8b}  # synthesised weights: kept between calls while the machine stays warm
 TEST_FILTER=${TEST_FILTER:-'*Cuda*'}
 BUILD=${BUILD:-build-gpu}
@@ -191,6 +191,28 @@ if has forced; then
     timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash --prompt-ids "$(q8b_prompt)" \
       -n 64 --ignore-eos --no-adaptive --forced-acceptance $k 2>&1 | grep -E "^ALL|^time|steps" | tee -a "$OUT/forced.txt"
   done
+fi
+
+if has sampled; then
+  step "sampled decoding (Qwen3's defaults: temperature 0.6, top-k 20, top-p 0.95; then top-p 0.9 alone)"
+  for opts in "--temperature 0.6 --top-k 20 --top-p 0.95" "--temperature 0.7 --top-p 0.9"; do
+    if [[ -f models/qwen3-pycode-15m/config.json ]]; then
+      echo "--- shipped pair, $opts" | tee -a "$OUT/sampled.txt"
+      timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
+        --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 --no-adaptive $opts --seed 1 \
+        2>&1 | grep -E "^ALL|^time|^DFlash" | tee -a "$OUT/sampled.txt"
+    fi
+    if [[ -f $Q8B/config.json ]]; then
+      echo "--- Qwen3-8B shapes, $opts" | tee -a "$OUT/sampled.txt"
+      timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash --prompt-ids "$(q8b_prompt)" \
+        -n 64 --ignore-eos --no-adaptive $opts --seed 1 2>&1 | grep -E "^ALL|^time|^DFlash" | tee -a "$OUT/sampled.txt"
+    fi
+  done
+fi
+
+if has golden; then
+  step "sampling warpers golden (transformers)"
+  python3 tools/make_sampling_golden.py --out "$OUT/warpers_golden.json" | tail -30
 fi
 
 if has hf; then

@@ -39,6 +39,102 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
   }
 }
 
+// The warpers keep a shrinking set of candidate tokens (ascending ids) instead of masking a
+// vocabulary-sized row: after top-k only k (and ties) remain, so top-p, min-p and the softmax
+// cost O(k), and top-p without top-k selects the nucleus instead of sorting the vocabulary
+// (24 ms a row at 151 936 tokens on a 2-core host, a sampled DFlash step sorting 31 rows).
+// A token outside the set has probability exactly 0, as it had as a masked logit, so sums over
+// the set in ascending id order equal the masked row's sums.
+namespace {
+
+// Softmax over the candidates: exp(l − max) in f32, the sum in f64 in id order, each
+// probability rounded to f32 (the masked row's arithmetic, term for term).
+void candidate_softmax(const std::vector<float>& logits, const std::vector<int32_t>& cand, std::vector<float>& prob) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int32_t i : cand) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  prob.resize(cand.size());
+  for (size_t j = 0; j < cand.size(); ++j) {
+    prob[j] = std::exp(logits[cand[j]] - mx);
+    sum += prob[j];
+  }
+  for (auto& v : prob) v = static_cast<float>(v / sum);
+}
+
+// Top-p as transformers' warper states it: order the candidates by logit ascending (equal
+// logits in id order), drop the longest prefix whose cumulative probability stays ≤ 1 − top_p,
+// never the last (largest) token. Small sets are sorted whole and summed in that order. Large
+// ones (top-p without top-k) find the nucleus from the top, where a candidate is dropped when
+// the mass of itself and everything ordered below it, the total less what ranks above, is
+// ≤ 1 − top_p (the same rule; the sums differ from the ascending ones by rounding only).
+void apply_top_p(const std::vector<float>& logits, std::vector<int32_t>& cand, const std::vector<float>& prob,
+                 double top_p) {
+  const size_t n = cand.size();
+  const double drop_mass = 1.0 - top_p;
+  std::vector<uint8_t> drop(n, 0);
+  if (n <= 8192) {
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logits[cand[a]] < logits[cand[b]]; });
+    double cum = 0;
+    for (size_t i = 0; i + 1 < n; ++i) {
+      cum += prob[order[i]];
+      if (cum > drop_mass) break;
+      drop[order[i]] = 1;
+    }
+  } else {
+    // Buckets of equal logit width, from the largest logit down: whole buckets above the one
+    // where the tail mass reaches 1 − top_p are kept, those below dropped, and only that one
+    // bucket is ordered (larger logit first, equal logits larger id first: the ascending order
+    // reversed).
+    constexpr int kBuckets = 4096;
+    float mx = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
+    for (int32_t i : cand) {
+      mx = std::max(mx, logits[i]);
+      if (std::isfinite(logits[i])) lo = std::min(lo, logits[i]);
+    }
+    const double width = mx > lo ? (double(mx) - double(lo)) / kBuckets : 1.0;
+    auto bucket_of = [&](size_t j) {
+      const double d = (double(mx) - double(logits[cand[j]])) / width;
+      return d >= kBuckets - 1 || !std::isfinite(d) ? kBuckets - 1 : static_cast<int>(d);
+    };
+    std::vector<double> mass(kBuckets, 0.0);
+    std::vector<int> bucket(n);
+    double total = 0;
+    for (size_t j = 0; j < n; ++j) {
+      bucket[j] = bucket_of(j);
+      mass[bucket[j]] += prob[j];
+      total += prob[j];
+    }
+    double above = 0;
+    int edge = 0;
+    for (; edge < kBuckets - 1 && total - above - mass[edge] > drop_mass; ++edge) above += mass[edge];
+    std::vector<int32_t> order;
+    for (size_t j = 0; j < n; ++j) {
+      if (bucket[j] > edge) drop[j] = 1;
+      else if (bucket[j] == edge) order.push_back(static_cast<int32_t>(j));
+    }
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const float la = logits[cand[a]], lb = logits[cand[b]];
+      return la != lb ? la > lb : a > b;
+    });
+    for (size_t r = 0; r < order.size(); ++r) {
+      const bool top = edge == 0 && r == 0;  // the largest token always stays
+      if (!top && total - above <= drop_mass) {
+        for (size_t q = r; q < order.size(); ++q) drop[order[q]] = 1;
+        break;
+      }
+      above += prob[order[r]];
+    }
+  }
+  size_t w = 0;
+  for (size_t j = 0; j < n; ++j) if (!drop[j]) cand[w++] = cand[j];
+  cand.resize(w);
+}
+
+}  // namespace
+
 std::vector<float> token_distribution(const float* raw, int vocab, const SamplingParams& p, const TokenHistory& h) {
   std::vector<float> logits(raw, raw + vocab);
   apply_penalties(logits.data(), vocab, p, h);
@@ -49,43 +145,39 @@ std::vector<float> token_distribution(const float* raw, int vocab, const Samplin
   }
   const float inv_t = static_cast<float>(1.0 / p.temperature);
   for (auto& l : logits) l *= inv_t;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<int32_t> cand;
   if (p.top_k > 0 && p.top_k < vocab) {
-    // Keep every token whose logit reaches the k-th largest (ties kept, as transformers does).
-    std::vector<float> tmp(logits);
-    std::nth_element(tmp.begin(), tmp.begin() + (p.top_k - 1), tmp.end(), std::greater<float>());
-    const float kth = tmp[p.top_k - 1];
-    for (auto& l : logits) if (l < kth) l = neg_inf;
+    // Every token whose logit reaches the k-th largest (ties kept, as transformers does). The
+    // k largest are kept in a min-heap; most logits fail the comparison with its top.
+    std::vector<float> heap(logits.begin(), logits.begin() + p.top_k);
+    std::make_heap(heap.begin(), heap.end(), std::greater<float>());
+    for (int i = p.top_k; i < vocab; ++i) {
+      if (!(logits[i] > heap.front())) continue;
+      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+      heap.back() = logits[i];
+      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+    }
+    const float kth = heap.front();
+    for (int i = 0; i < vocab; ++i) if (logits[i] >= kth) cand.push_back(i);
+  } else {
+    cand.resize(vocab);
+    std::iota(cand.begin(), cand.end(), 0);
   }
-  auto softmax = [&](std::vector<float>& out) {
-    const float mx = *std::max_element(logits.begin(), logits.end());
-    double sum = 0;
-    for (int i = 0; i < vocab; ++i) {
-      out[i] = logits[i] == neg_inf ? 0.0f : std::exp(logits[i] - mx);
-      sum += out[i];
-    }
-    for (auto& v : out) v = static_cast<float>(v / sum);
-  };
+  std::vector<float> prob;
   if (p.top_p < 1.0) {
-    // Drop the low tail whose cumulative mass is at most 1 − top_p (the largest token always stays).
-    softmax(probs);
-    std::vector<int32_t> order(vocab);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] < logits[b]; });
-    double cum = 0;
-    for (int i = 0; i < vocab - 1; ++i) {
-      cum += probs[order[i]];
-      if (cum <= 1.0 - p.top_p) logits[order[i]] = neg_inf;
-      else break;
-    }
+    candidate_softmax(logits, cand, prob);
+    apply_top_p(logits, cand, prob, p.top_p);
   }
   if (p.min_p > 0.0) {
-    softmax(probs);
-    const float top = *std::max_element(probs.begin(), probs.end());
+    candidate_softmax(logits, cand, prob);
+    const float top = *std::max_element(prob.begin(), prob.end());
     const float threshold = static_cast<float>(p.min_p) * top;
-    for (int i = 0; i < vocab; ++i) if (probs[i] < threshold) logits[i] = neg_inf;
+    size_t w = 0;
+    for (size_t j = 0; j < cand.size(); ++j) if (!(prob[j] < threshold)) cand[w++] = cand[j];
+    cand.resize(w);
   }
-  softmax(probs);
+  candidate_softmax(logits, cand, prob);
+  for (size_t j = 0; j < cand.size(); ++j) probs[cand[j]] = prob[j];
   return probs;
 }
 

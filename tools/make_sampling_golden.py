@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Golden for the sampling warpers (src/engine/sampling.cc): which tokens survive temperature,
+top-k, top-p and min-p, and their probabilities, as transformers' own warpers compute them.
+
+Why: token_distribution() keeps a candidate set instead of masking the whole vocabulary row (a
+top-p sort of 151 936 logits cost 24 ms a row); tests/sampling_test.cc holds it to this file.
+
+How:  python3 tools/make_sampling_golden.py --out testdata/sampling/warpers_golden.json
+      (torch and transformers: versions in tools/requirements-torch.txt; CPU is enough. The
+      device machine has both: scripts/gpu_run.sh's `golden` step runs this there.)
+
+Logits: row r, token i: u = ((i + 1) · 2654435761 + r · 40503) mod 2^32 / 2^32 (exact in
+double), l = float32(30 · u^64 − 5) with u^64 by six squarings in double. The C++ test computes
+the same numbers bit for bit, so no logits are stored. A vocabulary of 32 000 makes top-p
+without top-k take the selection path (more than 8192 candidates), top-k the sorting path.
+
+Warpers, in the order generate applies them: TemperatureLogitsWarper, TopKLogitsWarper,
+TopPLogitsWarper, MinPLogitsWarper (each only when set), then softmax in float32. Stored per
+case: the surviving token ids (ascending) and their probabilities.
+"""
+import argparse
+import json
+import os
+
+import torch
+import transformers
+from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                     TopKLogitsWarper, TopPLogitsWarper)
+
+VOCAB = 32000
+ROWS = 3
+# (temperature, top_k, top_p, min_p)
+CASES = [
+    (0.7, 0, 0.9, 0.0),
+    (1.0, 0, 0.5, 0.0),
+    (1.5, 0, 0.95, 0.0),
+    (0.6, 20, 0.95, 0.0),
+    (1.0, 50, 1.0, 0.1),
+    (0.8, 0, 1.0, 0.05),
+    (1.2, 200, 0.8, 0.0),
+]
+
+
+def logits_row(r):
+    out = []
+    for i in range(VOCAB):
+        u = (((i + 1) * 2654435761 + r * 40503) % (1 << 32)) / float(1 << 32)
+        for _ in range(6):
+            u = u * u
+        out.append(30.0 * u - 5.0)
+    return torch.tensor(out, dtype=torch.float64).to(torch.float32)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    cases = []
+    for r in range(ROWS):
+        row = logits_row(r)
+        for t, k, p, mp in CASES:
+            x = row.clone().unsqueeze(0)
+            ids = torch.zeros((1, 1), dtype=torch.long)
+            x = TemperatureLogitsWarper(t)(ids, x)
+            if k > 0:
+                x = TopKLogitsWarper(top_k=k)(ids, x)
+            if p < 1.0:
+                x = TopPLogitsWarper(top_p=p)(ids, x)
+            if mp > 0.0:
+                x = MinPLogitsWarper(min_p=mp)(ids, x)
+            probs = torch.softmax(x[0], dim=-1)
+            kept = torch.nonzero(probs > 0).flatten().tolist()
+            cases.append({"row": r, "temperature": t, "top_k": k, "top_p": p, "min_p": mp, "kept": kept,
+                          "probs": [float(f"{probs[i].item():.8g}") for i in kept]})
+            print(f"row {r} T {t} k {k} p {p} min_p {mp}: {len(kept)} tokens kept")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"generator": "tools/make_sampling_golden.py", "torch": torch.__version__,
+                   "transformers": transformers.__version__, "vocab": VOCAB, "cases": cases}, f)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
