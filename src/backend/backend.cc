@@ -1,8 +1,61 @@
 #include "backend/backend.h"
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
 #include "util/error.h"
 
 namespace dflash {
+
+void select_top_k(const float* row, int n, int k, float inv_t, TopKRow& out) {
+  out.ids.clear();
+  out.scaled.clear();
+  k = std::min(k, n);
+  if (k <= 0) {
+    out.count = 0;
+    return;
+  }
+  // The k largest in a min-heap (NaN ranked below everything); most values fail against its top.
+  auto below = [](float a, float b) { return std::isnan(b) ? false : std::isnan(a) || a < b; };
+  std::vector<float> heap;
+  heap.reserve(size_t(k));
+  for (int i = 0; i < n; ++i) {
+    const float s = row[i] * inv_t;
+    if (int(heap.size()) < k) {
+      heap.push_back(s);
+      std::push_heap(heap.begin(), heap.end(), [&](float a, float b) { return below(b, a); });
+    } else if (below(heap.front(), s)) {
+      std::pop_heap(heap.begin(), heap.end(), [&](float a, float b) { return below(b, a); });
+      heap.back() = s;
+      std::push_heap(heap.begin(), heap.end(), [&](float a, float b) { return below(b, a); });
+    }
+  }
+  const float kth = heap.front();
+  for (int i = 0; i < n; ++i) {
+    const float s = row[i] * inv_t;
+    if (s >= kth) {
+      out.ids.push_back(i);
+      out.scaled.push_back(s);
+    }
+  }
+  out.count = static_cast<int>(out.ids.size());
+}
+
+std::vector<TopKRow> Backend::top_k_rows(const Tensor& logits, int k, float inv_t, int max_count) {
+  if (logits.dtype != DType::F32) throw Error("top_k_rows: logits " + logits.describe() + " are not F32");
+  std::vector<float> rows(size_t(logits.rows * logits.cols));
+  download(logits, rows.data());
+  std::vector<TopKRow> out(size_t(logits.rows));
+  for (int64_t r = 0; r < logits.rows; ++r) {
+    select_top_k(rows.data() + r * logits.cols, static_cast<int>(logits.cols), k, inv_t, out[size_t(r)]);
+    if (out[size_t(r)].count > max_count) {
+      out[size_t(r)].ids.clear();
+      out[size_t(r)].scaled.clear();
+    }
+  }
+  return out;
+}
 
 void Backend::norm_rows(const Tensor& x, const Tensor& norm_w, float eps, NormedRows& out) {
   rms_norm(x, norm_w, eps, x.cols, out.h);

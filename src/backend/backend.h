@@ -39,6 +39,16 @@ struct NormedRows {
   }
 };
 
+// One row's survivors of top-k (Backend::top_k_rows).
+struct TopKRow {
+  int count = 0;                // survivors, ties included
+  std::vector<int32_t> ids;     // ascending; empty when count exceeded the caller's max_count
+  std::vector<float> scaled;    // logit · inv_t of each id
+};
+// The rule: scaled = row[i] · inv_t in f32; the k-th largest scaled value (counting repeats)
+// is the threshold; every i with scaled ≥ threshold survives (NaN never does).
+void select_top_k(const float* row, int n, int k, float inv_t, TopKRow& out);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -71,6 +81,12 @@ class Backend {
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape, any strides
   virtual void add(const Tensor& x, Tensor& y) = 0;       // y += x
   virtual std::vector<int32_t> argmax_rows(const Tensor& x) = 0;
+  // Top-k sampling's survivors of each F32 row, so that only they leave the device: the ids
+  // (ascending) and scaled logits (logit · inv_t, rounded to f32) of every token whose scaled
+  // logit reaches the row's k-th largest, ties included (select_top_k below is the rule). A row
+  // with more than max_count survivors (ties) comes back with count set and ids empty; the
+  // caller then reads that row whole. The default downloads the rows and runs select_top_k.
+  virtual std::vector<TopKRow> top_k_rows(const Tensor& logits, int k, float inv_t, int max_count);
 
   // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend
   // overrides one where a single kernel saves launches and passes over memory. An override

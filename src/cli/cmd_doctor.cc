@@ -447,6 +447,38 @@ class Doctor {
         "rows disagreeing (incl. a tie), with the host copy");
   }
 
+  // Top-k survivors against the host rule (select_top_k): values on a coarse grid, so rows
+  // hold ties at the threshold; ids and scaled logits must agree exactly.
+  void top_k(int64_t rows, int64_t cols, int k, float temperature) {
+    auto host = random(rows * cols, 8.0f);
+    for (auto& v : host) v = std::round(v * 4.0f) / 4.0f;
+    if (cols > 8) host[3] = std::nanf("");
+    Tensor xt = t_.upload(host.data(), rows, cols);
+    const float inv_t = 1.0f / temperature;
+    const int cap = 4 * k + 64;
+    const auto got = t_.top_k_rows(xt, k, inv_t, cap);
+    int64_t wrong = 0, survivors = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      TopKRow want;
+      select_top_k(host.data() + r * cols, int(cols), k, inv_t, want);
+      if (want.count > cap) {
+        want.ids.clear();
+        want.scaled.clear();
+      }
+      const TopKRow& g = got[size_t(r)];
+      wrong += g.count != want.count || g.ids != want.ids || g.scaled != want.scaled;
+      survivors += want.count;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const int reps = quick_ ? 3 : 20;
+    for (int i = 0; i < reps; ++i) t_.top_k_rows(xt, k, inv_t, cap);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+    char note[96];
+    std::snprintf(note, sizeof note, "rows disagreeing with the host rule (%lld survivors, ties)", (long long)survivors);
+    row("top_k_rows", shape("logits", rows, cols) + " k " + std::to_string(k), double(wrong), double(wrong), 0,
+        wrong == 0, us, note);
+  }
+
   // A whole target on both backends: a 40-row prefill (cuBLAS on the GPU) then 8 decode
   // steps (the skinny path), every row's logits compared; bf16 weights and activations
   // through every layer put these further apart than any single op.
@@ -623,6 +655,10 @@ int run_doctor(const DoctorArgs& a) {
 
   d.argmax(16, 151936);
   d.argmax(3, 16);
+  d.top_k(16, 151936, 20, 0.6f);
+  d.top_k(15, 151936, 1, 1.0f);
+  d.top_k(2, 32000, 1000, 1.3f);
+  d.top_k(3, 16, 5, 0.7f);
 
   for (const auto& m : a.models) d.model(m);
 

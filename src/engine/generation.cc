@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/logit_rows.h"
 #include "engine/output_sink.h"
 #include "util/error.h"
 
@@ -51,15 +52,13 @@ GenerationResult Engine::generate_plain(const GenerationRequest& r) {
   const int vocab = target_.config().vocab_size;
   const int64_t capacity = std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens);
   Rng rng(r.sampling.seed);
-  std::vector<float> logits(vocab);
-  Backend& b = target_.backend();
+  LogitRows rows(target_.backend(), r.sampling, vocab);
 
   Stopwatch total;
   SequenceState state = target_.new_sequence(capacity);
   auto next_token = [&](const Tensor& last_logits) {
-    if (r.sampling.argmax_only()) return b.argmax_rows(last_logits)[0];
-    b.download(last_logits, logits.data());
-    return choose_token(logits.data(), vocab, r.sampling, {&r.prompt, &out.tokens()}, rng);
+    rows.read(last_logits);
+    return rows.choose(0, {&r.prompt, &out.tokens()}, rng);
   };
   ForwardOutput fwd = target_.forward(state, r.prompt, false);
   int32_t token = next_token(fwd.logits);

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <unordered_set>
 
+#include "backend/backend.h"
 #include "util/error.h"
 
 namespace dflash {
@@ -39,26 +40,39 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
   }
 }
 
-// The warpers keep a shrinking set of candidate tokens (ascending ids) instead of masking a
-// vocabulary-sized row: after top-k only k (and ties) remain, so top-p, min-p and the softmax
-// cost O(k), and top-p without top-k selects the nucleus instead of sorting the vocabulary
-// (24 ms a row at 151 936 tokens on a 2-core host, a sampled DFlash step sorting 31 rows).
+// The warpers keep a shrinking set of candidate tokens (ascending ids, with their scaled
+// logits) instead of masking a vocabulary-sized row: after top-k only k (and ties) remain, so
+// top-p, min-p and the softmax cost O(k), and top-p without top-k finds the nucleus in logit
+// buckets instead of sorting the vocabulary (24 ms a row at 151 936 tokens on a 2-core host).
 // A token outside the set has probability exactly 0, as it had as a masked logit, so sums over
 // the set in ascending id order equal the masked row's sums.
 namespace {
 
 // Softmax over the candidates: exp(l − max) in f32, the sum in f64 in id order, each
 // probability rounded to f32 (the masked row's arithmetic, term for term).
-void candidate_softmax(const std::vector<float>& logits, const std::vector<int32_t>& cand, std::vector<float>& prob) {
+void candidate_softmax(const std::vector<float>& val, std::vector<float>& prob) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (int32_t i : cand) mx = std::max(mx, logits[i]);
+  for (float v : val) mx = std::max(mx, v);
   double sum = 0;
-  prob.resize(cand.size());
-  for (size_t j = 0; j < cand.size(); ++j) {
-    prob[j] = std::exp(logits[cand[j]] - mx);
+  prob.resize(val.size());
+  for (size_t j = 0; j < val.size(); ++j) {
+    prob[j] = std::exp(val[j] - mx);
     sum += prob[j];
   }
   for (auto& v : prob) v = static_cast<float>(v / sum);
+}
+
+// Keeps the candidates j with keep(j), in order.
+template <typename Keep>
+void filter(std::vector<int32_t>& ids, std::vector<float>& val, Keep keep) {
+  size_t w = 0;
+  for (size_t j = 0; j < ids.size(); ++j)
+    if (keep(j)) {
+      ids[w] = ids[j];
+      val[w++] = val[j];
+    }
+  ids.resize(w);
+  val.resize(w);
 }
 
 // Top-p as transformers' warper states it: order the candidates by logit ascending (equal
@@ -67,16 +81,14 @@ void candidate_softmax(const std::vector<float>& logits, const std::vector<int32
 // ones (top-p without top-k) find the nucleus from the top, where a candidate is dropped when
 // the mass of itself and everything ordered below it, the total less what ranks above, is
 // ≤ 1 − top_p (the same rule; the sums differ from the ascending ones by rounding only).
-void apply_top_p(const std::vector<float>& logits, std::vector<int32_t>& cand, const std::vector<float>& prob,
-                 double top_p) {
-  const size_t n = cand.size();
+void apply_top_p(std::vector<int32_t>& ids, std::vector<float>& val, const std::vector<float>& prob, double top_p) {
+  const size_t n = ids.size();
   const double drop_mass = 1.0 - top_p;
   std::vector<uint8_t> drop(n, 0);
   if (n <= 8192) {
     std::vector<int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return logits[cand[a]] < logits[cand[b]]; });
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return val[a] < val[b]; });
     double cum = 0;
     for (size_t i = 0; i + 1 < n; ++i) {
       cum += prob[order[i]];
@@ -90,20 +102,17 @@ void apply_top_p(const std::vector<float>& logits, std::vector<int32_t>& cand, c
     // reversed).
     constexpr int kBuckets = 4096;
     float mx = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
-    for (int32_t i : cand) {
-      mx = std::max(mx, logits[i]);
-      if (std::isfinite(logits[i])) lo = std::min(lo, logits[i]);
+    for (float v : val) {
+      mx = std::max(mx, v);
+      if (std::isfinite(v)) lo = std::min(lo, v);
     }
     const double width = mx > lo ? (double(mx) - double(lo)) / kBuckets : 1.0;
-    auto bucket_of = [&](size_t j) {
-      const double d = (double(mx) - double(logits[cand[j]])) / width;
-      return d >= kBuckets - 1 || !std::isfinite(d) ? kBuckets - 1 : static_cast<int>(d);
-    };
     std::vector<double> mass(kBuckets, 0.0);
     std::vector<int> bucket(n);
     double total = 0;
     for (size_t j = 0; j < n; ++j) {
-      bucket[j] = bucket_of(j);
+      const double d = (double(mx) - double(val[j])) / width;
+      bucket[j] = d >= kBuckets - 1 || !std::isfinite(d) ? kBuckets - 1 : static_cast<int>(d);
       mass[bucket[j]] += prob[j];
       total += prob[j];
     }
@@ -115,10 +124,8 @@ void apply_top_p(const std::vector<float>& logits, std::vector<int32_t>& cand, c
       if (bucket[j] > edge) drop[j] = 1;
       else if (bucket[j] == edge) order.push_back(static_cast<int32_t>(j));
     }
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      const float la = logits[cand[a]], lb = logits[cand[b]];
-      return la != lb ? la > lb : a > b;
-    });
+    std::sort(order.begin(), order.end(),
+              [&](int32_t a, int32_t b) { return val[a] != val[b] ? val[a] > val[b] : a > b; });
     for (size_t r = 0; r < order.size(); ++r) {
       const bool top = edge == 0 && r == 0;  // the largest token always stays
       if (!top && total - above <= drop_mass) {
@@ -128,57 +135,49 @@ void apply_top_p(const std::vector<float>& logits, std::vector<int32_t>& cand, c
       above += prob[order[r]];
     }
   }
-  size_t w = 0;
-  for (size_t j = 0; j < n; ++j) if (!drop[j]) cand[w++] = cand[j];
-  cand.resize(w);
+  filter(ids, val, [&](size_t j) { return !drop[j]; });
 }
 
 }  // namespace
 
+std::vector<float> distribution_of_candidates(std::vector<int32_t> ids, std::vector<float> val, int vocab,
+                                              const SamplingParams& p) {
+  std::vector<float> prob;
+  if (p.top_p < 1.0 && !ids.empty()) {
+    candidate_softmax(val, prob);
+    apply_top_p(ids, val, prob, p.top_p);
+  }
+  if (p.min_p > 0.0 && !ids.empty()) {
+    candidate_softmax(val, prob);
+    const float threshold = static_cast<float>(p.min_p) * *std::max_element(prob.begin(), prob.end());
+    const std::vector<float> kept_prob = prob;
+    filter(ids, val, [&](size_t j) { return !(kept_prob[j] < threshold); });
+  }
+  candidate_softmax(val, prob);
+  std::vector<float> probs(vocab, 0.0f);
+  for (size_t j = 0; j < ids.size(); ++j) probs[ids[j]] = prob[j];
+  return probs;
+}
+
 std::vector<float> token_distribution(const float* raw, int vocab, const SamplingParams& p, const TokenHistory& h) {
   std::vector<float> logits(raw, raw + vocab);
   apply_penalties(logits.data(), vocab, p, h);
-  std::vector<float> probs(vocab, 0.0f);
   if (p.greedy()) {
+    std::vector<float> probs(vocab, 0.0f);
     probs[argmax(logits.data(), vocab)] = 1.0f;
     return probs;
   }
   const float inv_t = static_cast<float>(1.0 / p.temperature);
-  for (auto& l : logits) l *= inv_t;
-  std::vector<int32_t> cand;
+  TopKRow c;
   if (p.top_k > 0 && p.top_k < vocab) {
-    // Every token whose logit reaches the k-th largest (ties kept, as transformers does). The
-    // k largest are kept in a min-heap; most logits fail the comparison with its top.
-    std::vector<float> heap(logits.begin(), logits.begin() + p.top_k);
-    std::make_heap(heap.begin(), heap.end(), std::greater<float>());
-    for (int i = p.top_k; i < vocab; ++i) {
-      if (!(logits[i] > heap.front())) continue;
-      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
-      heap.back() = logits[i];
-      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
-    }
-    const float kth = heap.front();
-    for (int i = 0; i < vocab; ++i) if (logits[i] >= kth) cand.push_back(i);
+    select_top_k(logits.data(), vocab, p.top_k, inv_t, c);  // ties kept, as transformers does
   } else {
-    cand.resize(vocab);
-    std::iota(cand.begin(), cand.end(), 0);
+    c.ids.resize(vocab);
+    std::iota(c.ids.begin(), c.ids.end(), 0);
+    c.scaled.resize(vocab);
+    for (int i = 0; i < vocab; ++i) c.scaled[i] = logits[i] * inv_t;
   }
-  std::vector<float> prob;
-  if (p.top_p < 1.0) {
-    candidate_softmax(logits, cand, prob);
-    apply_top_p(logits, cand, prob, p.top_p);
-  }
-  if (p.min_p > 0.0) {
-    candidate_softmax(logits, cand, prob);
-    const float top = *std::max_element(prob.begin(), prob.end());
-    const float threshold = static_cast<float>(p.min_p) * top;
-    size_t w = 0;
-    for (size_t j = 0; j < cand.size(); ++j) if (!(prob[j] < threshold)) cand[w++] = cand[j];
-    cand.resize(w);
-  }
-  candidate_softmax(logits, cand, prob);
-  for (size_t j = 0; j < cand.size(); ++j) probs[cand[j]] = prob[j];
-  return probs;
+  return distribution_of_candidates(std::move(c.ids), std::move(c.scaled), vocab, p);
 }
 
 int32_t sample_from(const std::vector<float>& probs, Rng& rng) {

@@ -52,6 +52,12 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
 std::vector<float> token_distribution(const float* logits, int vocab, const SamplingParams& p,
                                       const TokenHistory& h);
 
+// The same distribution from the survivors of temperature and top-k alone (Backend::top_k_rows:
+// ascending ids and their logits · 1/temperature): top-p, min-p and the softmax on those.
+// Equal to token_distribution of the whole row when no penalty applies.
+std::vector<float> distribution_of_candidates(std::vector<int32_t> ids, std::vector<float> scaled, int vocab,
+                                              const SamplingParams& p);
+
 int32_t sample_from(const std::vector<float>& probs, Rng& rng);
 int32_t argmax(const float* v, int n);
 

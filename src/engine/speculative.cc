@@ -6,6 +6,7 @@
 #include "engine/acceptance.h"
 #include "engine/block_controller.h"
 #include "engine/generation.h"
+#include "engine/logit_rows.h"
 #include "engine/output_sink.h"
 #include "util/error.h"
 
@@ -34,14 +35,12 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   auto history = [&](const int32_t* extra, int count) {  // penalties see committed + drafted tokens
     return TokenHistory{&r.prompt, &out.tokens(), extra, count};
   };
-  // Plain greedy needs only each row's argmax, which the backend computes where the logits
-  // are: a verification step then moves B token ids to the host instead of B·vocab floats.
-  const bool argmax_only = sp.argmax_only();
-  std::vector<float> logits(vocab);
+  // Rows leave the device as token ids (plain greedy), top-k survivors or whole rows
+  // (logit_rows.h): a greedy verification step moves B token ids instead of B·vocab floats.
+  LogitRows target_rows(b, sp, vocab), draft_rows(b, sp, vocab);
   auto choose_last = [&](const Tensor& last_logits) {
-    if (argmax_only) return b.argmax_rows(last_logits)[0];
-    b.download(last_logits, logits.data());
-    return choose_token(logits.data(), vocab, sp, history(nullptr, 0), rng);
+    target_rows.read(last_logits);
+    return target_rows.choose(0, history(nullptr, 0), rng);
   };
 
   Stopwatch total;
@@ -56,8 +55,6 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   st.prefill_seconds = total.seconds();
   out.commit(anchor);
 
-  std::vector<float> draft_logits, target_logits;
-  std::vector<int32_t> target_argmax;
   std::vector<std::vector<float>> q;  // the drafter's distributions, when sampling
   while (!out.done()) {
     const int64_t s = target_state.length();  // committed positions; the anchor goes at s
@@ -87,19 +84,12 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     std::vector<int32_t> block(B);
     block[0] = anchor;
     q.resize(B);
-    if (argmax_only) {
-      const std::vector<int32_t> drafted = b.argmax_rows(dl);
-      std::copy(drafted.begin(), drafted.end(), block.begin() + 1);
-    } else {
-      draft_logits.resize(size_t(B - 1) * vocab);
-      b.download(dl, draft_logits.data());
-    }
-    for (int i = 1; i < B && !argmax_only; ++i) {
-      const float* row = draft_logits.data() + size_t(i - 1) * vocab;
+    draft_rows.read(dl);
+    for (int i = 1; i < B; ++i) {
       if (greedy) {
-        block[i] = choose_token(row, vocab, sp, history(block.data() + 1, i - 1), rng);
+        block[i] = draft_rows.choose(i - 1, history(block.data() + 1, i - 1), rng);
       } else {
-        q[i] = token_distribution(row, vocab, sp, history(block.data() + 1, i - 1));
+        q[i] = draft_rows.distribution(i - 1, history(block.data() + 1, i - 1));
         block[i] = sample_from(q[i], rng);
       }
     }
@@ -108,17 +98,10 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     // Section 5: the target runs the block causally; row i − 1 predicts position s + i.
     Stopwatch verify_time;
     ForwardOutput v = target_.forward(target_state, block, true, feature_layers);
-    if (argmax_only) {
-      target_argmax = b.argmax_rows(v.logits);
-    } else {
-      target_logits.resize(size_t(B) * vocab);
-      b.download(v.logits, target_logits.data());
-    }
-    // Greedy acceptance against the target's argmax of row i − 1, however it was computed.
+    target_rows.read(v.logits);
+    // Greedy acceptance against the target's choice of row i − 1, however it was computed.
     auto target_choice = [&](int row_index) {
-      if (argmax_only) return target_argmax[row_index];
-      const float* row = target_logits.data() + size_t(row_index) * vocab;
-      return choose_token(row, vocab, sp, history(block.data() + 1, row_index), rng);
+      return target_rows.choose(row_index, history(block.data() + 1, row_index), rng);
     };
     int accepted = 0;  // a: the longest accepted prefix of d1 … d(B−1)
     int32_t next_anchor = -1;
@@ -130,8 +113,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
           break;
         }
       } else {
-        const float* row = target_logits.data() + size_t(i - 1) * vocab;
-        const auto p = token_distribution(row, vocab, sp, history(block.data() + 1, i - 1));
+        const auto p = target_rows.distribution(i - 1, history(block.data() + 1, i - 1));
         if (!rule.accept(p, q[i], block[i], rng)) {
           next_anchor = rule.replacement(p, q[i], rng);
           break;
@@ -141,7 +123,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     }
     if (options_.forced_acceptance > 0) {  // benchmark mode: see EngineOptions
       accepted = std::min(options_.forced_acceptance - 1, B - 1);
-      next_anchor = argmax_only ? target_argmax[accepted] : argmax(target_logits.data() + size_t(accepted) * vocab, vocab);
+      next_anchor = target_rows.argmax(accepted);
     } else if (accepted == B - 1) {  // every draft accepted: the last row gives the anchor
       next_anchor = target_choice(B - 1);
     }

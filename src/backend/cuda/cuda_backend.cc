@@ -508,6 +508,33 @@ class CudaBackend final : public Backend {
     cuda::add(x.data, x.ld, elem_of(x, "add"), y.data, y.ld, elem_of(y, "add"), x.rows, x.cols, stream_);
   }
 
+  std::vector<TopKRow> top_k_rows(const Tensor& logits, int k, float inv_t, int max_count) override {
+    expect(logits, DType::F32, "top_k_rows", "logits");
+    std::vector<TopKRow> out(size_t(logits.rows));
+    k = static_cast<int>(std::min<int64_t>(k, logits.cols));
+    if (logits.rows == 0 || k <= 0 || max_count <= 0) return Backend::top_k_rows(logits, k, inv_t, max_count);
+    const int64_t per_row = 1 + 2 * int64_t(max_count);
+    std::vector<int32_t> host(size_t(logits.rows * per_row));
+    auto dev = pool_->allocate(host.size() * sizeof(int32_t), "top_k_rows");
+    OpTimer timer(prof_.get(), "top_k", [&] { return dims(logits.rows, logits.cols); });
+    cuda::top_k_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, k, inv_t, max_count,
+                     static_cast<int32_t*>(dev.get()), stream_);
+    check(cudaMemcpyAsync(host.data(), dev.get(), host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+          "top_k_rows", "device to host copy");
+    timer.stop();
+    check(cudaStreamSynchronize(stream_), "top_k_rows", "synchronising the stream");
+    for (int64_t r = 0; r < logits.rows; ++r) {
+      const int32_t* h = host.data() + r * per_row;
+      TopKRow& row = out[size_t(r)];
+      row.count = h[0];
+      if (row.count > max_count) continue;  // ties overflowed: the caller reads the row whole
+      row.ids.assign(h + 1, h + 1 + row.count);
+      row.scaled.resize(size_t(row.count));
+      std::memcpy(row.scaled.data(), h + 1 + max_count, size_t(row.count) * sizeof(float));
+    }
+    return out;
+  }
+
   std::vector<int32_t> argmax_rows(const Tensor& x) override {
     expect(x, DType::F32, "argmax_rows", "x");
     std::vector<int32_t> out(size_t(x.rows));

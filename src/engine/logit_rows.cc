@@ -1,0 +1,73 @@
+#include "engine/logit_rows.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace dflash {
+namespace {
+// Rows of top-k survivors the device hands over; beyond this, sampling reads whole rows.
+constexpr int kMaxDeviceTopK = 1024;
+}  // namespace
+
+LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab) : backend_(b), sp_(sp), vocab_(vocab) {
+  const bool penalties = sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0;
+  if (sp.argmax_only()) form_ = Form::Argmax;
+  else if (!sp.greedy() && !penalties && sp.top_k > 0 && sp.top_k <= kMaxDeviceTopK && sp.top_k < vocab)
+    form_ = Form::TopK;
+  else form_ = Form::Rows;
+}
+
+void LogitRows::read(const Tensor& logits) {
+  if (logits.cols != vocab_) throw Error("logit rows: " + logits.describe() + " for a vocabulary of " + std::to_string(vocab_));
+  logits_ = logits;
+  row_read_.assign(size_t(logits.rows), 0);
+  switch (form_) {
+    case Form::Argmax:
+      argmax_ = backend_.argmax_rows(logits);
+      break;
+    case Form::TopK:
+      top_k_ = backend_.top_k_rows(logits, sp_.top_k, static_cast<float>(1.0 / sp_.temperature), 4 * sp_.top_k + 64);
+      rows_.resize(size_t(logits.rows * logits.cols));
+      break;
+    case Form::Rows:
+      rows_.resize(size_t(logits.rows * logits.cols));
+      backend_.download(logits, rows_.data());
+      std::fill(row_read_.begin(), row_read_.end(), 1);
+      break;
+  }
+}
+
+const float* LogitRows::row(int r) {
+  if (!row_read_[size_t(r)]) {
+    backend_.download(logits_.slice_rows(r, 1), rows_.data() + size_t(r) * vocab_);
+    row_read_[size_t(r)] = 1;
+  }
+  return rows_.data() + size_t(r) * vocab_;
+}
+
+std::vector<float> LogitRows::distribution(int r, const TokenHistory& h) {
+  if (form_ == Form::TopK && !top_k_[size_t(r)].ids.empty()) {
+    const TopKRow& c = top_k_[size_t(r)];
+    return distribution_of_candidates(c.ids, c.scaled, vocab_, sp_);
+  }
+  if (form_ == Form::Argmax) {
+    std::vector<float> one_hot(size_t(vocab_), 0.0f);
+    one_hot[size_t(argmax_[size_t(r)])] = 1.0f;
+    return one_hot;
+  }
+  return token_distribution(row(r), vocab_, sp_, h);
+}
+
+int32_t LogitRows::choose(int r, const TokenHistory& h, Rng& rng) {
+  if (form_ == Form::Argmax) return argmax_[size_t(r)];
+  if (form_ == Form::TopK) return sample_from(distribution(r, h), rng);
+  return choose_token(row(r), vocab_, sp_, h, rng);
+}
+
+int32_t LogitRows::argmax(int r) {
+  if (form_ == Form::Argmax) return argmax_[size_t(r)];
+  return dflash::argmax(row(r), vocab_);
+}
+
+}  // namespace dflash

@@ -1,0 +1,45 @@
+#pragma once
+// The logits of one forward pass, read from the backend in the form the sampler needs, in one
+// transfer for all rows:
+// - greedy without penalties: each row's argmax (Backend::argmax_rows), token ids only;
+// - sampling with top-k and no penalty: the survivors of temperature and top-k
+//   (Backend::top_k_rows), O(k) values a row instead of a vocabulary of them; a row whose ties
+//   overflow the buffer is read whole;
+// - otherwise the whole rows (penalties look at every logit; top-p alone needs the row's mass).
+// Every form gives the distribution token_distribution() gives the whole row, so the choice of
+// form never changes a token.
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/sampling.h"
+
+namespace dflash {
+
+class LogitRows {
+ public:
+  LogitRows(Backend& b, const SamplingParams& sp, int vocab);
+  void read(const Tensor& logits);
+  // The token row `r` yields under the sampling parameters (a draw from rng when sampling).
+  int32_t choose(int r, const TokenHistory& h, Rng& rng);
+  // The distribution row `r` is sampled from (speculative sampling's p and q).
+  std::vector<float> distribution(int r, const TokenHistory& h);
+  // The row's largest logit (benchmark-only forced acceptance).
+  int32_t argmax(int r);
+
+ private:
+  enum class Form { Argmax, TopK, Rows };
+  const float* row(int r);  // the whole row, downloaded on first use where the form lacks it
+
+  Backend& backend_;
+  SamplingParams sp_;
+  int vocab_;
+  Form form_;
+  Tensor logits_;
+  std::vector<int32_t> argmax_;
+  std::vector<TopKRow> top_k_;
+  std::vector<float> rows_;
+  std::vector<int> row_read_;  // TopK form: rows fetched whole (their ties overflowed)
+};
+
+}  // namespace dflash
