@@ -175,7 +175,7 @@ TEST(CudaAttention, NewRowsInBlockEqualRowsAlone) {
   check_new_rows_alone(*backend, 16, 32, 8, 128, 600);   // Qwen3-8B verification, 10 chunks
   check_new_rows_alone(*backend, 32, 8, 2, 64, 63);      // the new rows straddle a chunk boundary
   check_new_rows_alone(*backend, 7, 8, 4, 256, 100);
-  check_new_rows_alone(*backend, 5, 6, 2, 96, 40);       // head_dim 96: the block-per-head kernel
+  check_new_rows_alone(*backend, 5, 6, 2, 96, 40);
 }
 
 class CudaQwen3Golden : public ::testing::TestWithParam<std::string> {};

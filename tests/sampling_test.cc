@@ -1,8 +1,7 @@
 // The sampling warpers (temperature, top-k, top-p, min-p) against transformers' own warpers on
 // the same logits (testdata/sampling/warpers_golden.json, made by tools/make_sampling_golden.py):
-// the same tokens survive, with the same probabilities to f32 rounding. The 32 000-token rows
-// take token_distribution's selection path for top-p without top-k and its sorting path after
-// top-k.
+// the same tokens survive, with the same probabilities to f32 rounding. The cases cover top-p
+// over the whole 32 000-token row and after top-k, and min-p.
 #include <cmath>
 #include <cstdint>
 

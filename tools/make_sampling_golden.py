@@ -11,8 +11,8 @@ How:  python3 tools/make_sampling_golden.py --out testdata/sampling/warpers_gold
 
 Logits: row r, token i: u = ((i + 1) · 2654435761 + r · 40503) mod 2^32 / 2^32 (exact in
 double), l = float32(30 · u^64 − 5) with u^64 by six squarings in double. The C++ test computes
-the same numbers bit for bit, so no logits are stored. A vocabulary of 32 000 makes top-p
-without top-k take the selection path (more than 8192 candidates), top-k the sorting path.
+the same numbers bit for bit, so no logits are stored. A vocabulary of 32 000 gives top-p
+without top-k tens of thousands of candidates, after top-k tens.
 
 Warpers, in the order generate applies them: TemperatureLogitsWarper, TopKLogitsWarper,
 TopPLogitsWarper, MinPLogitsWarper (each only when set), then softmax in float32. Stored per

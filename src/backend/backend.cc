@@ -18,17 +18,18 @@ void select_top_k(const float* row, int n, int k, float inv_t, TopKRow& out) {
   }
   // The k largest in a min-heap (NaN ranked below everything); most values fail against its top.
   auto below = [](float a, float b) { return std::isnan(b) ? false : std::isnan(a) || a < b; };
+  auto min_heap = [&](float a, float b) { return below(b, a); };
   std::vector<float> heap;
   heap.reserve(size_t(k));
   for (int i = 0; i < n; ++i) {
     const float s = row[i] * inv_t;
     if (int(heap.size()) < k) {
       heap.push_back(s);
-      std::push_heap(heap.begin(), heap.end(), [&](float a, float b) { return below(b, a); });
+      std::push_heap(heap.begin(), heap.end(), min_heap);
     } else if (below(heap.front(), s)) {
-      std::pop_heap(heap.begin(), heap.end(), [&](float a, float b) { return below(b, a); });
+      std::pop_heap(heap.begin(), heap.end(), min_heap);
       heap.back() = s;
-      std::push_heap(heap.begin(), heap.end(), [&](float a, float b) { return below(b, a); });
+      std::push_heap(heap.begin(), heap.end(), min_heap);
     }
   }
   const float kth = heap.front();

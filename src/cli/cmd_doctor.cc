@@ -626,7 +626,7 @@ int run_doctor(const DoctorArgs& a) {
   d.qk_norm_rope_store(3, 0, 8, 128, 10, false);
   d.qk_norm_rope_store(5, 6, 2, 64, 0, true);
   d.qk_norm_rope_store(3, 8, 2, 256, 90, true);
-  d.qk_norm_rope_store(4, 4, 2, 96, 33, true);  // D/16 not a power of two: one block per head
+  d.qk_norm_rope_store(4, 4, 2, 96, 33, true);
 
   d.attention(1, 32, 8, 128, 1037, 1036, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 611, 595, AttentionMask::Causal);

@@ -19,7 +19,8 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab) : backend_
 }
 
 void LogitRows::read(const Tensor& logits) {
-  if (logits.cols != vocab_) throw Error("logit rows: " + logits.describe() + " for a vocabulary of " + std::to_string(vocab_));
+  if (logits.cols != vocab_)
+    throw Error("logit rows: " + logits.describe() + " for a vocabulary of " + std::to_string(vocab_));
   logits_ = logits;
   row_read_.assign(size_t(logits.rows), 0);
   switch (form_) {
@@ -28,7 +29,6 @@ void LogitRows::read(const Tensor& logits) {
       break;
     case Form::TopK:
       top_k_ = backend_.top_k_rows(logits, sp_.top_k, static_cast<float>(1.0 / sp_.temperature), 4 * sp_.top_k + 64);
-      rows_.resize(size_t(logits.rows * logits.cols));
       break;
     case Form::Rows:
       rows_.resize(size_t(logits.rows * logits.cols));
@@ -40,6 +40,7 @@ void LogitRows::read(const Tensor& logits) {
 
 const float* LogitRows::row(int r) {
   if (!row_read_[size_t(r)]) {
+    rows_.resize(std::max(rows_.size(), size_t(logits_.rows * logits_.cols)));
     backend_.download(logits_.slice_rows(r, 1), rows_.data() + size_t(r) * vocab_);
     row_read_[size_t(r)] = 1;
   }
@@ -50,11 +51,6 @@ std::vector<float> LogitRows::distribution(int r, const TokenHistory& h) {
   if (form_ == Form::TopK && !top_k_[size_t(r)].ids.empty()) {
     const TopKRow& c = top_k_[size_t(r)];
     return distribution_of_candidates(c.ids, c.scaled, vocab_, sp_);
-  }
-  if (form_ == Form::Argmax) {
-    std::vector<float> one_hot(size_t(vocab_), 0.0f);
-    one_hot[size_t(argmax_[size_t(r)])] = 1.0f;
-    return one_hot;
   }
   return token_distribution(row(r), vocab_, sp_, h);
 }

@@ -39,7 +39,7 @@ class LogitRows {
   std::vector<int32_t> argmax_;
   std::vector<TopKRow> top_k_;
   std::vector<float> rows_;
-  std::vector<int> row_read_;  // TopK form: rows fetched whole (their ties overflowed)
+  std::vector<int> row_read_;  // rows of rows_ that hold the whole row (all of them in the Rows form)
 };
 
 }  // namespace dflash

@@ -76,64 +76,51 @@ void filter(std::vector<int32_t>& ids, std::vector<float>& val, Keep keep) {
 }
 
 // Top-p as transformers' warper states it: order the candidates by logit ascending (equal
-// logits in id order), drop the longest prefix whose cumulative probability stays ≤ 1 − top_p,
-// never the last (largest) token. Small sets are sorted whole and summed in that order. Large
-// ones (top-p without top-k) find the nucleus from the top, where a candidate is dropped when
-// the mass of itself and everything ordered below it, the total less what ranks above, is
-// ≤ 1 − top_p (the same rule; the sums differ from the ascending ones by rounding only).
+// logits in id order) and drop the longest prefix whose cumulative probability stays ≤ 1 − top_p,
+// never the last (largest) token. Found from the top without sorting the candidates: a candidate
+// is dropped when the mass of itself and everything ordered below it, the total less what ranks
+// above, is ≤ 1 − top_p (the same rule; the sums differ from the ascending ones by rounding
+// only). Candidates go into buckets of equal logit width from the largest logit down; whole
+// buckets above the one where that tail mass reaches 1 − top_p are kept, those below dropped,
+// and only that one bucket is ordered (larger logit first, equal logits larger id first: the
+// ascending order reversed).
 void apply_top_p(std::vector<int32_t>& ids, std::vector<float>& val, const std::vector<float>& prob, double top_p) {
   const size_t n = ids.size();
   const double drop_mass = 1.0 - top_p;
+  constexpr int kBuckets = 4096;
+  float mx = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
+  for (float v : val) {
+    mx = std::max(mx, v);
+    if (std::isfinite(v)) lo = std::min(lo, v);
+  }
+  const double width = mx > lo ? (double(mx) - double(lo)) / kBuckets : 1.0;
+  std::vector<double> mass(kBuckets, 0.0);
+  std::vector<int> bucket(n);
+  double total = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const double d = (double(mx) - double(val[j])) / width;
+    bucket[j] = d >= kBuckets - 1 || !std::isfinite(d) ? kBuckets - 1 : static_cast<int>(d);
+    mass[bucket[j]] += prob[j];
+    total += prob[j];
+  }
+  double above = 0;
+  int edge = 0;
+  for (; edge < kBuckets - 1 && total - above - mass[edge] > drop_mass; ++edge) above += mass[edge];
   std::vector<uint8_t> drop(n, 0);
-  if (n <= 8192) {
-    std::vector<int32_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return val[a] < val[b]; });
-    double cum = 0;
-    for (size_t i = 0; i + 1 < n; ++i) {
-      cum += prob[order[i]];
-      if (cum > drop_mass) break;
-      drop[order[i]] = 1;
+  std::vector<int32_t> order;
+  for (size_t j = 0; j < n; ++j) {
+    if (bucket[j] > edge) drop[j] = 1;
+    else if (bucket[j] == edge) order.push_back(static_cast<int32_t>(j));
+  }
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return val[a] != val[b] ? val[a] > val[b] : a > b; });
+  for (size_t r = 0; r < order.size(); ++r) {
+    const bool top = edge == 0 && r == 0;  // the largest token always stays
+    if (!top && total - above <= drop_mass) {
+      for (size_t q = r; q < order.size(); ++q) drop[order[q]] = 1;
+      break;
     }
-  } else {
-    // Buckets of equal logit width, from the largest logit down: whole buckets above the one
-    // where the tail mass reaches 1 − top_p are kept, those below dropped, and only that one
-    // bucket is ordered (larger logit first, equal logits larger id first: the ascending order
-    // reversed).
-    constexpr int kBuckets = 4096;
-    float mx = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
-    for (float v : val) {
-      mx = std::max(mx, v);
-      if (std::isfinite(v)) lo = std::min(lo, v);
-    }
-    const double width = mx > lo ? (double(mx) - double(lo)) / kBuckets : 1.0;
-    std::vector<double> mass(kBuckets, 0.0);
-    std::vector<int> bucket(n);
-    double total = 0;
-    for (size_t j = 0; j < n; ++j) {
-      const double d = (double(mx) - double(val[j])) / width;
-      bucket[j] = d >= kBuckets - 1 || !std::isfinite(d) ? kBuckets - 1 : static_cast<int>(d);
-      mass[bucket[j]] += prob[j];
-      total += prob[j];
-    }
-    double above = 0;
-    int edge = 0;
-    for (; edge < kBuckets - 1 && total - above - mass[edge] > drop_mass; ++edge) above += mass[edge];
-    std::vector<int32_t> order;
-    for (size_t j = 0; j < n; ++j) {
-      if (bucket[j] > edge) drop[j] = 1;
-      else if (bucket[j] == edge) order.push_back(static_cast<int32_t>(j));
-    }
-    std::sort(order.begin(), order.end(),
-              [&](int32_t a, int32_t b) { return val[a] != val[b] ? val[a] > val[b] : a > b; });
-    for (size_t r = 0; r < order.size(); ++r) {
-      const bool top = edge == 0 && r == 0;  // the largest token always stays
-      if (!top && total - above <= drop_mass) {
-        for (size_t q = r; q < order.size(); ++q) drop[order[q]] = 1;
-        break;
-      }
-      above += prob[order[r]];
-    }
+    above += prob[order[r]];
   }
   filter(ids, val, [&](size_t j) { return !drop[j]; });
 }
@@ -150,8 +137,7 @@ std::vector<float> distribution_of_candidates(std::vector<int32_t> ids, std::vec
   if (p.min_p > 0.0 && !ids.empty()) {
     candidate_softmax(val, prob);
     const float threshold = static_cast<float>(p.min_p) * *std::max_element(prob.begin(), prob.end());
-    const std::vector<float> kept_prob = prob;
-    filter(ids, val, [&](size_t j) { return !(kept_prob[j] < threshold); });
+    filter(ids, val, [&](size_t j) { return !(prob[j] < threshold); });
   }
   candidate_softmax(val, prob);
   std::vector<float> probs(vocab, 0.0f);

@@ -510,9 +510,9 @@ class CudaBackend final : public Backend {
 
   std::vector<TopKRow> top_k_rows(const Tensor& logits, int k, float inv_t, int max_count) override {
     expect(logits, DType::F32, "top_k_rows", "logits");
-    std::vector<TopKRow> out(size_t(logits.rows));
     k = static_cast<int>(std::min<int64_t>(k, logits.cols));
     if (logits.rows == 0 || k <= 0 || max_count <= 0) return Backend::top_k_rows(logits, k, inv_t, max_count);
+    std::vector<TopKRow> out(size_t(logits.rows));
     const int64_t per_row = 1 + 2 * int64_t(max_count);
     std::vector<int32_t> host(size_t(logits.rows * per_row));
     auto dev = pool_->allocate(host.size() * sizeof(int32_t), "top_k_rows");

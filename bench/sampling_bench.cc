@@ -1,0 +1,47 @@
+// Host time of token_distribution (the sampling warpers) on one row of a Qwen3-sized vocabulary,
+// for the warper settings of docs/benchmarks.md's sampling table. The row: N(0, 3²) logits
+// rounded to quarters (so ties occur), seed 5.
+//   sampling_bench [VOCAB] [REPEATS]
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/sampling.h"
+
+int main(int argc, char** argv) {
+  const int vocab = argc > 1 ? std::stoi(argv[1]) : 151936;
+  const int repeats = argc > 2 ? std::stoi(argv[2]) : 20;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (auto& x : logits) x = static_cast<float>(static_cast<int>(nd(rng) * 4.f)) / 4.f;
+  struct Setting {
+    double temperature;
+    int top_k;
+    double top_p, min_p;
+  };
+  const Setting settings[] = {{0.6, 20, 0.95, 0}, {1.2, 200, 0.8, 0}, {0.7, 0, 0.9, 0},
+                              {1.0, 0, 0.99, 0},  {0.8, 0, 1.0, 0.05}};
+  std::printf("vocab %d, %d repeats\n%-40s %10s %8s\n", vocab, repeats, "warpers", "ms/row", "kept");
+  for (const auto& s : settings) {
+    dflash::SamplingParams p;
+    p.temperature = s.temperature;
+    p.top_k = s.top_k;
+    p.top_p = s.top_p;
+    p.min_p = s.min_p;
+    int kept = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < repeats; ++r) {
+      const auto probs = dflash::token_distribution(logits.data(), vocab, p, dflash::TokenHistory{});
+      kept = 0;
+      for (float v : probs) kept += v > 0;
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / repeats;
+    char name[64];
+    std::snprintf(name, sizeof name, "T %.1f top-k %d top-p %.2f min-p %.2f", s.temperature, s.top_k, s.top_p, s.min_p);
+    std::printf("%-40s %10.2f %8d\n", name, ms, kept);
+  }
+  return 0;
+}
