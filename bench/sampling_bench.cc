@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < repeats; ++r) {
       const auto probs = dflash::token_distribution(logits.data(), vocab, p, dflash::TokenHistory{});
       kept = 0;
-      for (float v : probs) kept += v > 0;
+      for (float v : probs.probs) kept += v > 0;
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / repeats;
     char name[64];

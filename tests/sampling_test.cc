@@ -4,7 +4,9 @@
 // over the whole 32 000-token row and after top-k, and min-p.
 #include <cmath>
 #include <cstdint>
+#include <map>
 
+#include "engine/acceptance.h"
 #include "engine/sampling.h"
 #include "io/checkpoint.h"
 #include "test_util.h"
@@ -41,7 +43,7 @@ TEST(SamplingWarpers, SameTokensAndProbabilitiesAsTransformers) {
                  std::to_string(sp.top_k) + " top_p " + std::to_string(sp.top_p) + " min_p " +
                  std::to_string(sp.min_p));
     const auto logits = golden_logits(row, vocab);
-    const auto probs = token_distribution(logits.data(), vocab, sp, TokenHistory{});
+    const auto probs = token_distribution(logits.data(), vocab, sp, TokenHistory{}).dense(vocab);
     std::vector<int32_t> kept;
     for (int i = 0; i < vocab; ++i) if (probs[size_t(i)] > 0) kept.push_back(i);
     const auto want = c["kept"].get<std::vector<int32_t>>();
@@ -58,13 +60,64 @@ TEST(SamplingWarpers, TopKKeepsTiesAtTheThreshold) {
   SamplingParams sp;
   sp.temperature = 1.0;
   sp.top_k = 3;
-  const auto p = token_distribution(l.data(), int(l.size()), sp, TokenHistory{});
+  const auto p = token_distribution(l.data(), int(l.size()), sp, TokenHistory{}).dense(int(l.size()));
   EXPECT_EQ(p[0], 0.f);
   EXPECT_GT(p[1], 0.f);
   EXPECT_GT(p[2], 0.f);
   EXPECT_GT(p[4], 0.f);
   EXPECT_EQ(p[5], 0.f);
   EXPECT_FLOAT_EQ(p[2], p[4]);
+}
+
+}  // namespace
+
+namespace {
+
+// The acceptance rule on supports: max(0, p − q) only where p exceeds q, whatever the two
+// supports share, and p(d)/q(d) looked up by id.
+TEST(AcceptanceRuleOnSupports, ResidualAndRatioAreTakenById) {
+  const TokenDistribution p{{2, 5, 9}, {0.5f, 0.3f, 0.2f}};
+  const TokenDistribution q{{1, 2, 9}, {0.4f, 0.6f, 0.0f}};
+  EXPECT_EQ(p.prob(5), 0.3f);
+  EXPECT_EQ(p.prob(4), 0.0f);
+  EXPECT_EQ(q.prob(10), 0.0f);
+  const AcceptanceRule& rule = exact_acceptance_rule();
+  Rng rng(7);
+  std::map<int32_t, int> drawn;
+  for (int i = 0; i < 4000; ++i) drawn[rule.replacement(p, q, rng)]++;
+  // residual: token 2 → max(0, 0.5 − 0.6) = 0, token 5 → 0.3, token 9 → 0.2: 60 % / 40 %.
+  EXPECT_EQ(drawn.count(1), 0u);
+  EXPECT_EQ(drawn.count(2), 0u);
+  EXPECT_NEAR(drawn[5] / 4000.0, 0.6, 0.03);
+  EXPECT_NEAR(drawn[9] / 4000.0, 0.4, 0.03);
+  // d = 1 has p(1) = 0: never accepted; d = 9 has q(9) = 0: never drawn from q, never accepted;
+  // d = 2: accepted with probability 0.5 / 0.6.
+  int accepted = 0;
+  for (int i = 0; i < 4000; ++i) {
+    EXPECT_FALSE(rule.accept(p, q, 1, rng));
+    EXPECT_FALSE(rule.accept(p, q, 9, rng));
+    accepted += rule.accept(p, q, 2, rng);
+  }
+  EXPECT_NEAR(accepted / 4000.0, 0.5 / 0.6, 0.03);
+}
+
+// Drawing from a support walks it in id order: the same token as the vocabulary-sized walk.
+TEST(AcceptanceRuleOnSupports, DrawMatchesTheDenseWalk) {
+  const TokenDistribution d{{3, 4, 17, 40}, {0.1f, 0.0f, 0.6f, 0.3f}};
+  Rng a(11), b(11);
+  for (int i = 0; i < 1000; ++i) {
+    const std::vector<float> v = d.dense(64);
+    double u = b.uniform(), acc = 0;
+    int32_t want = 40;
+    for (int t = 0; t < 64; ++t) {
+      acc += v[size_t(t)];
+      if (v[size_t(t)] > 0 && u * 1.0 < acc) {
+        want = t;
+        break;
+      }
+    }
+    ASSERT_EQ(sample_from(d, a), want);
+  }
 }
 
 }  // namespace

@@ -153,7 +153,7 @@ TEST(SpeculativeSampling, DistributionEqualsPlainSampling) {
 // A classic bug: after a rejection, draw the replacement from p instead of max(0, p − q).
 class ResampleFromTargetRule final : public AcceptanceRule {
  public:
-  int32_t replacement(const std::vector<float>& p, const std::vector<float>&, Rng& rng) const override {
+  int32_t replacement(const TokenDistribution& p, const TokenDistribution&, Rng& rng) const override {
     return sample_from(p, rng);
   }
 };

@@ -2,7 +2,6 @@
 // Speculative sampling's acceptance rule (contract section 5). It is an object so that a
 // test can swap in a deliberately wrong rule and prove the distribution test notices.
 #include <cstdint>
-#include <vector>
 
 #include "engine/sampling.h"
 
@@ -12,9 +11,9 @@ class AcceptanceRule {
  public:
   virtual ~AcceptanceRule() = default;
   // Accept draft token d, drawn from q, against the target's p?
-  virtual bool accept(const std::vector<float>& p, const std::vector<float>& q, int32_t d, Rng& rng) const;
+  virtual bool accept(const TokenDistribution& p, const TokenDistribution& q, int32_t d, Rng& rng) const;
   // The token that replaces a rejected draft.
-  virtual int32_t replacement(const std::vector<float>& p, const std::vector<float>& q, Rng& rng) const;
+  virtual int32_t replacement(const TokenDistribution& p, const TokenDistribution& q, Rng& rng) const;
 };
 
 // min(1, p(d)/q(d)) to accept; normalize(max(0, p − q)) on rejection.

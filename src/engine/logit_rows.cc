@@ -47,10 +47,10 @@ const float* LogitRows::row(int r) {
   return rows_.data() + size_t(r) * vocab_;
 }
 
-std::vector<float> LogitRows::distribution(int r, const TokenHistory& h) {
+TokenDistribution LogitRows::distribution(int r, const TokenHistory& h) {
   if (form_ == Form::TopK && !top_k_[size_t(r)].ids.empty()) {
     const TopKRow& c = top_k_[size_t(r)];
-    return distribution_of_candidates(c.ids, c.scaled, vocab_, sp_);
+    return distribution_of_candidates(c.ids, c.scaled, sp_);
   }
   return token_distribution(row(r), vocab_, sp_, h);
 }

@@ -23,7 +23,7 @@ class LogitRows {
   // The token row `r` yields under the sampling parameters (a draw from rng when sampling).
   int32_t choose(int r, const TokenHistory& h, Rng& rng);
   // The distribution row `r` is sampled from (speculative sampling's p and q).
-  std::vector<float> distribution(int r, const TokenHistory& h);
+  TokenDistribution distribution(int r, const TokenHistory& h);
   // The row's largest logit (benchmark-only forced acceptance).
   int32_t argmax(int r);
 

@@ -127,8 +127,8 @@ void apply_top_p(std::vector<int32_t>& ids, std::vector<float>& val, const std::
 
 }  // namespace
 
-std::vector<float> distribution_of_candidates(std::vector<int32_t> ids, std::vector<float> val, int vocab,
-                                              const SamplingParams& p) {
+TokenDistribution distribution_of_candidates(std::vector<int32_t> ids, std::vector<float> val,
+                                             const SamplingParams& p) {
   std::vector<float> prob;
   if (p.top_p < 1.0 && !ids.empty()) {
     candidate_softmax(val, prob);
@@ -139,20 +139,16 @@ std::vector<float> distribution_of_candidates(std::vector<int32_t> ids, std::vec
     const float threshold = static_cast<float>(p.min_p) * *std::max_element(prob.begin(), prob.end());
     filter(ids, val, [&](size_t j) { return !(prob[j] < threshold); });
   }
-  candidate_softmax(val, prob);
-  std::vector<float> probs(vocab, 0.0f);
-  for (size_t j = 0; j < ids.size(); ++j) probs[ids[j]] = prob[j];
-  return probs;
+  TokenDistribution d;
+  candidate_softmax(val, d.probs);
+  d.ids = std::move(ids);
+  return d;
 }
 
-std::vector<float> token_distribution(const float* raw, int vocab, const SamplingParams& p, const TokenHistory& h) {
+TokenDistribution token_distribution(const float* raw, int vocab, const SamplingParams& p, const TokenHistory& h) {
   std::vector<float> logits(raw, raw + vocab);
   apply_penalties(logits.data(), vocab, p, h);
-  if (p.greedy()) {
-    std::vector<float> probs(vocab, 0.0f);
-    probs[argmax(logits.data(), vocab)] = 1.0f;
-    return probs;
-  }
+  if (p.greedy()) return TokenDistribution{{argmax(logits.data(), vocab)}, {1.0f}};
   const float inv_t = static_cast<float>(1.0 / p.temperature);
   TopKRow c;
   if (p.top_k > 0 && p.top_k < vocab) {
@@ -163,19 +159,30 @@ std::vector<float> token_distribution(const float* raw, int vocab, const Samplin
     c.scaled.resize(vocab);
     for (int i = 0; i < vocab; ++i) c.scaled[i] = logits[i] * inv_t;
   }
-  return distribution_of_candidates(std::move(c.ids), std::move(c.scaled), vocab, p);
+  return distribution_of_candidates(std::move(c.ids), std::move(c.scaled), p);
 }
 
-int32_t sample_from(const std::vector<float>& probs, Rng& rng) {
+float TokenDistribution::prob(int32_t id) const {
+  const auto it = std::lower_bound(ids.begin(), ids.end(), id);
+  return it != ids.end() && *it == id ? probs[size_t(it - ids.begin())] : 0.0f;
+}
+
+std::vector<float> TokenDistribution::dense(int vocab) const {
+  std::vector<float> v(size_t(vocab), 0.0f);
+  for (size_t j = 0; j < ids.size(); ++j) v[size_t(ids[j])] = probs[j];
+  return v;
+}
+
+int32_t sample_from(const TokenDistribution& d, Rng& rng) {
   double total = 0;
-  for (float v : probs) total += v;
+  for (float v : d.probs) total += v;
   double u = rng.uniform() * total, acc = 0;
   int32_t last_nonzero = 0;
-  for (size_t i = 0; i < probs.size(); ++i) {
-    if (probs[i] <= 0) continue;
-    acc += probs[i];
-    last_nonzero = static_cast<int32_t>(i);
-    if (u < acc) return static_cast<int32_t>(i);
+  for (size_t j = 0; j < d.ids.size(); ++j) {
+    if (d.probs[j] <= 0) continue;
+    acc += d.probs[j];
+    last_nonzero = d.ids[j];
+    if (u < acc) return d.ids[j];
   }
   return last_nonzero;
 }
@@ -185,7 +192,7 @@ int32_t sample_from(const std::vector<float>& probs, Rng& rng) {
 namespace dflash {
 int32_t choose_token(const float* logits, int vocab, const SamplingParams& p, const TokenHistory& h, Rng& rng) {
   if (p.greedy() && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0) return argmax(logits, vocab);
-  const auto probs = token_distribution(logits, vocab, p, h);
-  return p.greedy() ? argmax(probs.data(), vocab) : sample_from(probs, rng);
+  const TokenDistribution d = token_distribution(logits, vocab, p, h);
+  return p.greedy() ? d.ids[0] : sample_from(d, rng);
 }
 }  // namespace dflash

@@ -44,21 +44,35 @@ struct TokenHistory {
   int extra_count = 0;
 };
 
+// A distribution over the vocabulary kept as its support: the tokens a row can yield, in
+// ascending id order, with their probabilities; every other token has probability 0. After
+// top-k or top-p a support is a few dozen tokens, so drawing from it, and the acceptance
+// rule's p(d)/q(d) and max(0, p − q), cost that many steps instead of a vocabulary's.
+struct TokenDistribution {
+  std::vector<int32_t> ids;  // ascending
+  std::vector<float> probs;  // probs[j] is the probability of ids[j]
+
+  float prob(int32_t id) const;               // 0 outside the support
+  std::vector<float> dense(int vocab) const;  // the vocabulary-sized vector (tests)
+};
+
 // In place on one row of `vocab` logits.
 void apply_penalties(float* logits, int vocab, const SamplingParams& p, const TokenHistory& h);
 
-// The distribution the request samples from, after penalties and warpers; greedy gives a
-// one-hot vector at the argmax.
-std::vector<float> token_distribution(const float* logits, int vocab, const SamplingParams& p,
+// The distribution the request samples from, after penalties and warpers; greedy gives the
+// argmax alone, with probability 1.
+TokenDistribution token_distribution(const float* logits, int vocab, const SamplingParams& p,
                                       const TokenHistory& h);
 
 // The same distribution from the survivors of temperature and top-k alone (Backend::top_k_rows:
 // ascending ids and their logits · 1/temperature): top-p, min-p and the softmax on those.
 // Equal to token_distribution of the whole row when no penalty applies.
-std::vector<float> distribution_of_candidates(std::vector<int32_t> ids, std::vector<float> scaled, int vocab,
-                                              const SamplingParams& p);
+TokenDistribution distribution_of_candidates(std::vector<int32_t> ids, std::vector<float> scaled,
+                                             const SamplingParams& p);
 
-int32_t sample_from(const std::vector<float>& probs, Rng& rng);
+// One uniform draw, walked through the support in id order (the same token a walk over the
+// dense vector would give).
+int32_t sample_from(const TokenDistribution& d, Rng& rng);
 int32_t argmax(const float* v, int n);
 
 }  // namespace dflash

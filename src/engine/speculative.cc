@@ -55,7 +55,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   st.prefill_seconds = total.seconds();
   out.commit(anchor);
 
-  std::vector<std::vector<float>> q;  // the drafter's distributions, when sampling
+  std::vector<TokenDistribution> q;  // the drafter's distributions, when sampling
   while (!out.done()) {
     const int64_t s = target_state.length();  // committed positions; the anchor goes at s
     if (s >= capacity) {
