@@ -9,6 +9,8 @@
 #include <random>
 
 #include "engine/generation.h"
+#include "engine/logit_rows.h"
+#include "engine/sampling.h"
 #include "io/checkpoint.h"
 #include "model/dflash_drafter.h"
 #include "model/qwen3.h"
@@ -326,6 +328,47 @@ TEST(CudaSpeculative, GreedyEqualsPlainOnShippedPair) {
   }
   ASSERT_GT(n, 0);
   std::printf("[ cuda     ] shipped pair: %d prompts identical, mean tau %.2f\n", n, tau_sum / n);
+}
+
+}  // namespace
+
+namespace {
+
+// Sampling reads only candidates from the device (engine/logit_rows.h: top-k's survivors, or
+// top-p's candidates with the row's mass); the distributions built from them must be those of
+// the whole rows: the same tokens, probabilities to f32 rounding (the top-p form's row mass is
+// summed on the device in another order).
+TEST(CudaSampling, CandidateFormsGiveTheWholeRowsDistribution) {
+  REQUIRE_GPU(backend);
+  const int rows = 16, vocab = 151936;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> host(size_t(rows) * vocab);
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < vocab; ++i) host[size_t(r) * vocab + i] = 30.f * std::pow(u(rng), float(16 + 8 * (r % 8)));
+  Tensor logits = backend->upload(host.data(), rows, vocab);
+  struct Setting {
+    double temperature;
+    int top_k;
+    double top_p;
+  };
+  for (const Setting& s : {Setting{0.6, 20, 0.95}, Setting{0.7, 0, 0.9}, Setting{1.0, 0, 0.95}}) {
+    SamplingParams sp;
+    sp.temperature = s.temperature;
+    sp.top_k = s.top_k;
+    sp.top_p = s.top_p;
+    LogitRows device_rows(*backend, sp, vocab);
+    device_rows.read(logits);
+    for (int r = 0; r < rows; ++r) {
+      SCOPED_TRACE("row " + std::to_string(r) + " top_k " + std::to_string(s.top_k) + " top_p " +
+                   std::to_string(s.top_p));
+      const TokenDistribution want = token_distribution(host.data() + size_t(r) * vocab, vocab, sp, TokenHistory{});
+      const TokenDistribution got = device_rows.distribution(r, TokenHistory{});
+      ASSERT_EQ(got.ids, want.ids);
+      for (size_t j = 0; j < want.ids.size(); ++j)
+        EXPECT_NEAR(got.probs[j], want.probs[j], 1e-5f * want.probs[j]) << "token " << want.ids[j];
+    }
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "engine/acceptance.h"
+#include "backend/backend.h"
 #include "engine/sampling.h"
 #include "io/checkpoint.h"
 #include "test_util.h"
@@ -117,6 +118,50 @@ TEST(AcceptanceRuleOnSupports, DrawMatchesTheDenseWalk) {
       }
     }
     ASSERT_EQ(sample_from(d, a), want);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Top-p's candidates (select_top_p, what Backend::top_p_rows returns) and the row's mass give
+// the whole row's distribution: the same tokens, probabilities to f32 rounding, on the
+// golden's rows and on flat and peaked random rows.
+TEST(TopPCandidates, GiveTheWholeRowsDistribution) {
+  const auto g = read_json_file(source_path("testdata/sampling/warpers_golden.json"));
+  const int vocab = g["vocab"].get<int>();
+  std::vector<std::pair<std::vector<float>, SamplingParams>> cases;
+  for (const auto& c : g["cases"]) {
+    SamplingParams sp;
+    sp.temperature = c["temperature"].get<double>();
+    sp.top_p = c["top_p"].get<double>();
+    sp.min_p = c["min_p"].get<double>();
+    if (c["top_k"].get<int>() == 0 && sp.top_p < 1.0) cases.push_back({golden_logits(c["row"].get<int>(), vocab), sp});
+  }
+  ASSERT_GT(cases.size(), 0u);
+  Rng rng(3);
+  for (double spread : {0.5, 4.0, 20.0})
+    for (double top_p : {0.5, 0.9, 0.99}) {
+      std::vector<float> l(5000);
+      for (auto& v : l) v = static_cast<float>(spread * (rng.uniform() - 0.5));
+      SamplingParams sp;
+      sp.temperature = 0.7;
+      sp.top_p = top_p;
+      cases.push_back({l, sp});
+    }
+  for (const auto& [logits, sp] : cases) {
+    const int n = static_cast<int>(logits.size());
+    SCOPED_TRACE("vocab " + std::to_string(n) + " T " + std::to_string(sp.temperature) + " top_p " +
+                 std::to_string(sp.top_p) + " min_p " + std::to_string(sp.min_p));
+    const TokenDistribution whole = token_distribution(logits.data(), n, sp, TokenHistory{});
+    CandidateRow c;
+    select_top_p(logits.data(), n, static_cast<float>(1.0 / sp.temperature), static_cast<float>(sp.top_p), c);
+    EXPECT_GT(c.row_mass, 0.0);
+    EXPECT_GE(c.count, int(whole.ids.size()));
+    const TokenDistribution from = distribution_of_candidates(c.ids, c.scaled, sp, c.row_mass);
+    ASSERT_EQ(from.ids, whole.ids);
+    for (size_t j = 0; j < whole.ids.size(); ++j) EXPECT_NEAR(from.probs[j], whole.probs[j], 1e-6f + 1e-5f * whole.probs[j]);
   }
 }
 

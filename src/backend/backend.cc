@@ -8,7 +8,7 @@
 
 namespace dflash {
 
-void select_top_k(const float* row, int n, int k, float inv_t, TopKRow& out) {
+void select_top_k(const float* row, int n, int k, float inv_t, CandidateRow& out) {
   out.ids.clear();
   out.scaled.clear();
   k = std::min(k, n);
@@ -43,11 +43,59 @@ void select_top_k(const float* row, int n, int k, float inv_t, TopKRow& out) {
   out.count = static_cast<int>(out.ids.size());
 }
 
-std::vector<TopKRow> Backend::top_k_rows(const Tensor& logits, int k, float inv_t, int max_count) {
+void select_top_p(const float* row, int n, float inv_t, float top_p, CandidateRow& out) {
+  out.ids.clear();
+  out.scaled.clear();
+  float mx = -INFINITY;
+  for (int i = 0; i < n; ++i) mx = std::max(mx, row[i] * inv_t);  // NaN never wins std::max's first argument
+  std::vector<double> bucket_mass(kTopPBuckets, 0.0);
+  auto bucket_of = [&](float s) {
+    const float d = (mx - s) * kTopPBucketsPerUnit;
+    return d < float(kTopPBuckets - 1) ? static_cast<int>(d) : kTopPBuckets - 1;
+  };
+  double mass = 0;
+  for (int i = 0; i < n; ++i) {
+    const float s = row[i] * inv_t;
+    if (std::isnan(s)) continue;
+    const float e = std::exp(s - mx);
+    bucket_mass[size_t(bucket_of(s))] += e;
+    mass += e;
+  }
+  const double budget = (1.0 - double(top_p)) * (1.0 - 1e-3) * mass;
+  int last = kTopPBuckets - 1;  // the last candidate bucket
+  for (double left_out = 0; last > 0 && left_out + bucket_mass[size_t(last)] <= budget; --last)
+    left_out += bucket_mass[size_t(last)];
+  for (int i = 0; i < n; ++i) {
+    const float s = row[i] * inv_t;
+    if (!std::isnan(s) && bucket_of(s) <= last) {
+      out.ids.push_back(i);
+      out.scaled.push_back(s);
+    }
+  }
+  out.count = static_cast<int>(out.ids.size());
+  out.row_mass = mass;
+}
+
+std::vector<CandidateRow> Backend::top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count) {
+  if (logits.dtype != DType::F32) throw Error("top_p_rows: logits " + logits.describe() + " are not F32");
+  std::vector<float> rows(size_t(logits.rows * logits.cols));
+  download(logits, rows.data());
+  std::vector<CandidateRow> out(size_t(logits.rows));
+  for (int64_t r = 0; r < logits.rows; ++r) {
+    select_top_p(rows.data() + r * logits.cols, static_cast<int>(logits.cols), inv_t, top_p, out[size_t(r)]);
+    if (out[size_t(r)].count > max_count) {
+      out[size_t(r)].ids.clear();
+      out[size_t(r)].scaled.clear();
+    }
+  }
+  return out;
+}
+
+std::vector<CandidateRow> Backend::top_k_rows(const Tensor& logits, int k, float inv_t, int max_count) {
   if (logits.dtype != DType::F32) throw Error("top_k_rows: logits " + logits.describe() + " are not F32");
   std::vector<float> rows(size_t(logits.rows * logits.cols));
   download(logits, rows.data());
-  std::vector<TopKRow> out(size_t(logits.rows));
+  std::vector<CandidateRow> out(size_t(logits.rows));
   for (int64_t r = 0; r < logits.rows; ++r) {
     select_top_k(rows.data() + r * logits.cols, static_cast<int>(logits.cols), k, inv_t, out[size_t(r)]);
     if (out[size_t(r)].count > max_count) {

@@ -39,15 +39,27 @@ struct NormedRows {
   }
 };
 
-// One row's survivors of top-k (Backend::top_k_rows).
-struct TopKRow {
-  int count = 0;                // survivors, ties included
+// One row's sampling candidates (Backend::top_k_rows, top_p_rows).
+struct CandidateRow {
+  int count = 0;                // candidates, ties included
   std::vector<int32_t> ids;     // ascending; empty when count exceeded the caller's max_count
   std::vector<float> scaled;    // logit · inv_t of each id
+  // top_p_rows only: Σ exp(scaled − the row's largest scaled) over the whole row, the softmax's
+  // denominator; 0 when the candidates are all the row's possible tokens (top-k).
+  double row_mass = 0;
 };
 // The rule: scaled = row[i] · inv_t in f32; the k-th largest scaled value (counting repeats)
 // is the threshold; every i with scaled ≥ threshold survives (NaN never does).
-void select_top_k(const float* row, int n, int k, float inv_t, TopKRow& out);
+void select_top_k(const float* row, int n, int k, float inv_t, CandidateRow& out);
+// Top-p's candidates, a superset of the nucleus: with m the largest scaled value, each token
+// falls in bucket ⌊(m − scaled)·kTopPBucketsPerUnit⌋ (the last bucket takes every token further
+// down, NaN none); the candidates are the fewest leading buckets such that the buckets left out
+// hold at most (1 − top_p)·(1 − 1e-3) of the row's mass Σ exp(scaled − m). Every token left out
+// then has at most that mass at or below it, so top-p drops it; the 1e-3 covers the rounding of
+// the mass, which the device sums in another order.
+constexpr int kTopPBuckets = 2048;
+constexpr float kTopPBucketsPerUnit = 32.f;
+void select_top_p(const float* row, int n, float inv_t, float top_p, CandidateRow& out);
 
 class Backend {
  public:
@@ -86,7 +98,11 @@ class Backend {
   // logit reaches the row's k-th largest, ties included (select_top_k below is the rule). A row
   // with more than max_count survivors (ties) comes back with count set and ids empty; the
   // caller then reads that row whole. The default downloads the rows and runs select_top_k.
-  virtual std::vector<TopKRow> top_k_rows(const Tensor& logits, int k, float inv_t, int max_count);
+  virtual std::vector<CandidateRow> top_k_rows(const Tensor& logits, int k, float inv_t, int max_count);
+  // Top-p's candidates of each F32 row (select_top_p is the rule) with the row's mass, so that
+  // top-p without top-k moves the nucleus and a few more tokens instead of the row; overflow as
+  // in top_k_rows. The default downloads the rows and runs select_top_p.
+  virtual std::vector<CandidateRow> top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count);
 
   // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend
   // overrides one where a single kernel saves launches and passes over memory. An override

@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "cli/command.h"
+#include "engine/sampling.h"
 #include "model/qwen3.h"
 #include "model/rope.h"
 #include "util/error.h"
@@ -459,13 +460,13 @@ class Doctor {
     const auto got = t_.top_k_rows(xt, k, inv_t, cap);
     int64_t wrong = 0, survivors = 0;
     for (int64_t r = 0; r < rows; ++r) {
-      TopKRow want;
+      CandidateRow want;
       select_top_k(host.data() + r * cols, int(cols), k, inv_t, want);
       if (want.count > cap) {
         want.ids.clear();
         want.scaled.clear();
       }
-      const TopKRow& g = got[size_t(r)];
+      const CandidateRow& g = got[size_t(r)];
       wrong += g.count != want.count || g.ids != want.ids || g.scaled != want.scaled;
       survivors += want.count;
     }
@@ -477,6 +478,57 @@ class Doctor {
     std::snprintf(note, sizeof note, "rows disagreeing with the host rule (%lld survivors, ties)", (long long)survivors);
     row("top_k_rows", shape("logits", rows, cols) + " k " + std::to_string(k), double(wrong), double(wrong), 0,
         wrong == 0, us, note);
+  }
+
+  // Top-p candidates: the distribution the host builds from the device's candidates and row
+  // mass against the one it builds from the whole row (engine/sampling.h). Rows are peaked
+  // (30·u^p, p 16 … 72: nuclei of about a hundred to a thousand tokens) or, with flat, so
+  // spread that the nucleus overflows the cap: then only the count must cover the nucleus. Error: the largest relative
+  // difference of a probability, or 1 for a row whose tokens differ.
+  void top_p(int64_t rows, int64_t cols, float top_p, float temperature, bool flat) {
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    std::vector<float> host(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < cols; ++i)
+        host[size_t(r * cols + i)] = flat ? 2.f * u(rng_) : 30.f * std::pow(u(rng_), float(16 + 8 * (r % 8)));
+    Tensor xt = t_.upload(host.data(), rows, cols);
+    SamplingParams sp;
+    sp.temperature = temperature;
+    sp.top_p = top_p;
+    const float inv_t = static_cast<float>(1.0 / sp.temperature);
+    const int cap = 2048;
+    const auto got = t_.top_p_rows(xt, inv_t, top_p, cap);
+    double err = 0;
+    int64_t wrong = 0, kept = 0, overflowed = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const TokenDistribution want = token_distribution(host.data() + r * cols, int(cols), sp, TokenHistory{});
+      kept += int64_t(want.ids.size());
+      const CandidateRow& g = got[size_t(r)];
+      if (g.count > cap) {
+        ++overflowed;
+        wrong += g.count < int(want.ids.size()) || !g.ids.empty();
+        continue;
+      }
+      const TokenDistribution d = distribution_of_candidates(g.ids, g.scaled, sp, g.row_mass);
+      if (d.ids != want.ids) {
+        ++wrong;
+        err = 1;
+        continue;
+      }
+      for (size_t j = 0; j < d.ids.size(); ++j)
+        err = std::max(err, std::abs(double(d.probs[j]) - want.probs[j]) / std::max(1e-30, double(want.probs[j])));
+    }
+    const bool pass = wrong == 0 && err <= 1e-5 && (flat ? overflowed == rows : overflowed == 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int reps = quick_ ? 3 : 20;
+    for (int i = 0; i < reps; ++i) t_.top_p_rows(xt, inv_t, top_p, cap);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+    char note[120];
+    std::snprintf(note, sizeof note, "vs the whole row's distribution (%lld kept, %lld rows over the cap)",
+                  (long long)kept, (long long)overflowed);
+    char what[48];
+    std::snprintf(what, sizeof what, " top-p %.2f%s", top_p, flat ? " flat" : "");
+    row("top_p_rows", shape("logits", rows, cols) + what, err, err, 1e-5, pass, us, note);
   }
 
   // A whole target on both backends: a 40-row prefill (cuBLAS on the GPU) then 8 decode
@@ -659,6 +711,10 @@ int run_doctor(const DoctorArgs& a) {
   d.top_k(15, 151936, 1, 1.0f);
   d.top_k(2, 32000, 1000, 1.3f);
   d.top_k(3, 16, 5, 0.7f);
+  d.top_p(16, 151936, 0.9f, 0.7f, false);
+  d.top_p(15, 151936, 0.95f, 1.0f, false);
+  d.top_p(2, 151936, 0.9f, 1.0f, true);
+  d.top_p(3, 4160, 0.5f, 0.6f, false);
 
   for (const auto& m : a.models) d.model(m);
 

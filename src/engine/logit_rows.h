@@ -5,9 +5,13 @@
 // - sampling with top-k and no penalty: the survivors of temperature and top-k
 //   (Backend::top_k_rows), O(k) values a row instead of a vocabulary of them; a row whose ties
 //   overflow the buffer is read whole;
-// - otherwise the whole rows (penalties look at every logit; top-p alone needs the row's mass).
-// Every form gives the distribution token_distribution() gives the whole row, so the choice of
-// form never changes a token.
+// - sampling with top-p and neither top-k nor a penalty: top-p's candidates and the row's mass
+//   (Backend::top_p_rows), the nucleus and a few tokens more instead of the vocabulary;
+// - otherwise the whole rows (penalties look at every logit).
+// Every form gives the distribution token_distribution() gives the whole row: the same tokens
+// with the same probabilities, except that the top-p form's row mass is summed on the device in
+// another order: its probabilities may differ in the last bits, and so, rarely, a draw that
+// falls on a boundary between two tokens.
 #include <cstdint>
 #include <vector>
 
@@ -28,7 +32,7 @@ class LogitRows {
   int32_t argmax(int r);
 
  private:
-  enum class Form { Argmax, TopK, Rows };
+  enum class Form { Argmax, TopK, TopP, Rows };
   const float* row(int r);  // the whole row, downloaded on first use where the form lacks it
 
   Backend& backend_;
@@ -37,7 +41,7 @@ class LogitRows {
   Form form_;
   Tensor logits_;
   std::vector<int32_t> argmax_;
-  std::vector<TopKRow> top_k_;
+  std::vector<CandidateRow> candidates_;  // the TopK and TopP forms
   std::vector<float> rows_;
   std::vector<int> row_read_;  // rows of rows_ that hold the whole row (all of them in the Rows form)
 };

@@ -49,8 +49,10 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
 namespace {
 
 // Softmax over the candidates: exp(l − max) in f32, the sum in f64 in id order, each
-// probability rounded to f32 (the masked row's arithmetic, term for term).
-void candidate_softmax(const std::vector<float>& val, std::vector<float>& prob) {
+// probability rounded to f32 (the masked row's arithmetic, term for term). With row_mass > 0
+// the candidates are part of a row whose Σ exp(l − max) that is (top_p_rows), the tokens left
+// out holding the rest; returns the left-out tokens' share of the mass.
+double candidate_softmax(const std::vector<float>& val, std::vector<float>& prob, double row_mass = 0) {
   float mx = -std::numeric_limits<float>::infinity();
   for (float v : val) mx = std::max(mx, v);
   double sum = 0;
@@ -59,7 +61,9 @@ void candidate_softmax(const std::vector<float>& val, std::vector<float>& prob) 
     prob[j] = std::exp(val[j] - mx);
     sum += prob[j];
   }
-  for (auto& v : prob) v = static_cast<float>(v / sum);
+  const double total = std::max(sum, row_mass);
+  for (auto& v : prob) v = static_cast<float>(v / total);
+  return (total - sum) / total;
 }
 
 // Keeps the candidates j with keep(j), in order.
@@ -84,7 +88,9 @@ void filter(std::vector<int32_t>& ids, std::vector<float>& val, Keep keep) {
 // buckets above the one where that tail mass reaches 1 − top_p are kept, those below dropped,
 // and only that one bucket is ordered (larger logit first, equal logits larger id first: the
 // ascending order reversed).
-void apply_top_p(std::vector<int32_t>& ids, std::vector<float>& val, const std::vector<float>& prob, double top_p) {
+// `outside`: the probability of tokens that are not candidates, all ranked below every candidate.
+void apply_top_p(std::vector<int32_t>& ids, std::vector<float>& val, const std::vector<float>& prob, double top_p,
+                 double outside) {
   const size_t n = ids.size();
   const double drop_mass = 1.0 - top_p;
   constexpr int kBuckets = 4096;
@@ -96,7 +102,7 @@ void apply_top_p(std::vector<int32_t>& ids, std::vector<float>& val, const std::
   const double width = mx > lo ? (double(mx) - double(lo)) / kBuckets : 1.0;
   std::vector<double> mass(kBuckets, 0.0);
   std::vector<int> bucket(n);
-  double total = 0;
+  double total = outside;
   for (size_t j = 0; j < n; ++j) {
     const double d = (double(mx) - double(val[j])) / width;
     bucket[j] = d >= kBuckets - 1 || !std::isfinite(d) ? kBuckets - 1 : static_cast<int>(d);
@@ -128,11 +134,11 @@ void apply_top_p(std::vector<int32_t>& ids, std::vector<float>& val, const std::
 }  // namespace
 
 TokenDistribution distribution_of_candidates(std::vector<int32_t> ids, std::vector<float> val,
-                                             const SamplingParams& p) {
+                                             const SamplingParams& p, double row_mass) {
   std::vector<float> prob;
   if (p.top_p < 1.0 && !ids.empty()) {
-    candidate_softmax(val, prob);
-    apply_top_p(ids, val, prob, p.top_p);
+    const double outside = candidate_softmax(val, prob, row_mass);
+    apply_top_p(ids, val, prob, p.top_p, outside);
   }
   if (p.min_p > 0.0 && !ids.empty()) {
     candidate_softmax(val, prob);
@@ -150,7 +156,7 @@ TokenDistribution token_distribution(const float* raw, int vocab, const Sampling
   apply_penalties(logits.data(), vocab, p, h);
   if (p.greedy()) return TokenDistribution{{argmax(logits.data(), vocab)}, {1.0f}};
   const float inv_t = static_cast<float>(1.0 / p.temperature);
-  TopKRow c;
+  CandidateRow c;
   if (p.top_k > 0 && p.top_k < vocab) {
     select_top_k(logits.data(), vocab, p.top_k, inv_t, c);  // ties kept, as transformers does
   } else {

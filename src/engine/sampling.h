@@ -64,11 +64,13 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
 TokenDistribution token_distribution(const float* logits, int vocab, const SamplingParams& p,
                                       const TokenHistory& h);
 
-// The same distribution from the survivors of temperature and top-k alone (Backend::top_k_rows:
-// ascending ids and their logits · 1/temperature): top-p, min-p and the softmax on those.
-// Equal to token_distribution of the whole row when no penalty applies.
+// The same distribution from candidates (ascending ids and their logits · 1/temperature): the
+// survivors of top-k (Backend::top_k_rows), or, with row_mass > 0, top-p's candidates and the
+// whole row's Σ exp(scaled − max) (Backend::top_p_rows). Then top-p, min-p and the softmax on
+// those. Equal to token_distribution of the whole row when no penalty applies (with row_mass,
+// to the rounding of that sum).
 TokenDistribution distribution_of_candidates(std::vector<int32_t> ids, std::vector<float> scaled,
-                                             const SamplingParams& p);
+                                             const SamplingParams& p, double row_mass = 0);
 
 // One uniform draw, walked through the support in id order (the same token a walk over the
 // dense vector would give).

@@ -508,31 +508,22 @@ class CudaBackend final : public Backend {
     cuda::add(x.data, x.ld, elem_of(x, "add"), y.data, y.ld, elem_of(y, "add"), x.rows, x.cols, stream_);
   }
 
-  std::vector<TopKRow> top_k_rows(const Tensor& logits, int k, float inv_t, int max_count) override {
+  std::vector<CandidateRow> top_k_rows(const Tensor& logits, int k, float inv_t, int max_count) override {
     expect(logits, DType::F32, "top_k_rows", "logits");
     k = static_cast<int>(std::min<int64_t>(k, logits.cols));
     if (logits.rows == 0 || k <= 0 || max_count <= 0) return Backend::top_k_rows(logits, k, inv_t, max_count);
-    std::vector<TopKRow> out(size_t(logits.rows));
-    const int64_t per_row = 1 + 2 * int64_t(max_count);
-    std::vector<int32_t> host(size_t(logits.rows * per_row));
-    auto dev = pool_->allocate(host.size() * sizeof(int32_t), "top_k_rows");
-    OpTimer timer(prof_.get(), "top_k", [&] { return dims(logits.rows, logits.cols); });
-    cuda::top_k_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, k, inv_t, max_count,
-                     static_cast<int32_t*>(dev.get()), stream_);
-    check(cudaMemcpyAsync(host.data(), dev.get(), host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
-          "top_k_rows", "device to host copy");
-    timer.stop();
-    check(cudaStreamSynchronize(stream_), "top_k_rows", "synchronising the stream");
-    for (int64_t r = 0; r < logits.rows; ++r) {
-      const int32_t* h = host.data() + r * per_row;
-      TopKRow& row = out[size_t(r)];
-      row.count = h[0];
-      if (row.count > max_count) continue;  // ties overflowed: the caller reads the row whole
-      row.ids.assign(h + 1, h + 1 + row.count);
-      row.scaled.resize(size_t(row.count));
-      std::memcpy(row.scaled.data(), h + 1 + max_count, size_t(row.count) * sizeof(float));
-    }
-    return out;
+    return candidates_from_device("top_k_rows", logits, max_count, 1, [&](int32_t* dev) {
+      cuda::top_k_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, k, inv_t, max_count, dev, stream_);
+    });
+  }
+
+  std::vector<CandidateRow> top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count) override {
+    expect(logits, DType::F32, "top_p_rows", "logits");
+    if (logits.rows == 0 || max_count <= 0) return Backend::top_p_rows(logits, inv_t, top_p, max_count);
+    return candidates_from_device("top_p_rows", logits, max_count, 2, [&](int32_t* dev) {
+      cuda::top_p_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, top_p, max_count, dev,
+                       stream_);
+    });
   }
 
   std::vector<int32_t> argmax_rows(const Tensor& x) override {
@@ -551,6 +542,38 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Runs `launch` into a device buffer of rows × [count, header…, ids[cap], scaled[cap]] (header
+  // words: 0 for top-k, the row mass for top-p) and unpacks it: one copy back, one sync.
+  template <typename Launch>
+  std::vector<CandidateRow> candidates_from_device(const char* op, const Tensor& logits, int cap, int header,
+                                                   Launch launch) {
+    std::vector<CandidateRow> out(size_t(logits.rows));
+    const int64_t per_row = header + 2 * int64_t(cap);
+    std::vector<int32_t> host(size_t(logits.rows * per_row));
+    auto dev = pool_->allocate(host.size() * sizeof(int32_t), op);
+    OpTimer timer(prof_.get(), op, [&] { return dims(logits.rows, logits.cols); });
+    launch(static_cast<int32_t*>(dev.get()));
+    check(cudaMemcpyAsync(host.data(), dev.get(), host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), op,
+          "device to host copy");
+    timer.stop();
+    check(cudaStreamSynchronize(stream_), op, "synchronising the stream");
+    for (int64_t r = 0; r < logits.rows; ++r) {
+      const int32_t* h = host.data() + r * per_row;
+      CandidateRow& row = out[size_t(r)];
+      row.count = h[0];
+      if (header == 2) {
+        float mass;
+        std::memcpy(&mass, h + 1, sizeof mass);
+        row.row_mass = mass;
+      }
+      if (row.count > cap) continue;  // too many: the caller reads the row whole
+      row.ids.assign(h + header, h + header + row.count);
+      row.scaled.resize(size_t(row.count));
+      std::memcpy(row.scaled.data(), h + header + cap, size_t(row.count) * sizeof(float));
+    }
+    return out;
+  }
+
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
   static constexpr size_t kStagingSlots = 64, kStagingSlotBytes = 16 << 10;
 
