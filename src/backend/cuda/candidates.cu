@@ -1,12 +1,25 @@
 // Sampling's candidates on the device, so that a sampled step moves a few values a row to the
-// host instead of a vocabulary of them. One block of 1024 threads a row.
+// host instead of a vocabulary of them.
 // - Top-k (Backend::top_k_rows; the rule is select_top_k in backend.h): the k-th largest scaled
 //   logit exactly, by a radix select on order-preserving 32-bit keys (four passes of 8 bits,
-//   each a shared-memory histogram of the keys that match the digits found so far).
+//   each a shared-memory histogram of the keys that match the digits found so far). One block a
+//   row read a 152k-entry row at the pace of one SM (16 rows: 160 µs on an H200; 27 µs cut), so
+//   a long row is cut into contiguous slices, a block each, and each slice keeps its own
+//   survivors (key ≥ the slice's k-th largest; every non-NaN value where that is NaN, as when
+//   the slice is shorter than k) in id order in scratch; then one block a row selects over the
+//   union of its slices' survivors. A value at or above the row's k-th largest has fewer than k
+//   values above it in its slice, so it survives its slice: the union holds all of the row's
+//   survivors and so its k-th largest is the row's (when it holds fewer than k values, the
+//   row's is NaN and nothing survives), and walking the slices in order keeps the ids
+//   ascending. A slice with more survivors than its scratch holds (ties, -inf) sends its row to
+//   the one-block select over the whole row, as does a row too short to cut: the count stays
+//   exact, as the doctor's comparison with ties needs.
 // - Top-p (Backend::top_p_rows; the rule is select_top_p): the row's max, its mass
 //   Σ exp(scaled − max) and a histogram of that mass over buckets of distance from the max, then
 //   the fewest leading buckets whose complement holds at most the budget.
 // Both then write their candidates in ascending id order.
+#include <algorithm>
+
 #include "backend/backend.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -16,6 +29,10 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
+constexpr int kMaxSlices = 64;          // a row's slices at most (warp 0 scans their counts, two a lane)
+constexpr int kTargetBlocks = 256;      // slice blocks of all rows: about two on each SM of an H200
+constexpr int64_t kMinSlice = 4096;     // a slice's length at least, and 8·k: k is a small part of it
+constexpr int64_t kMinSliceCap = 1024;  // survivors a slice's scratch holds at least, for ties
 
 // Larger float, larger key; NaN lowest of all (0: it never survives), −0 as +0 (they compare equal).
 __device__ __forceinline__ uint32_t order_key(float v) {
@@ -25,17 +42,32 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Every i with keep(x[i] · inv_t), in ascending id order: thread t takes ids [t·C, (t + 1)·C),
-// counts, and a block scan gives each thread its first slot. *count gets the total; past cap
-// they are counted, not stored.
-template <typename Keep>
-__device__ void write_in_id_order(const float* __restrict__ xr, int n, float inv_t, Keep keep, int cap, int32_t* count,
-                                  int32_t* ids, int32_t* scaled) {
+// Positions [j0, j1) of a row or slice xs whose first id is id0: f(id, scaled) for each in
+// order, until f returns false.
+struct RowWalk {
+  const float* xs;
+  int id0;
+  float inv_t;
+  template <typename F>
+  __device__ void operator()(int j0, int j1, F f) const {
+    for (int j = j0; j < j1; ++j)
+      if (!f(id0 + j, xs[j] * inv_t)) return;
+  }
+};
+
+// Every kept one of n positions, in order: thread t takes positions [t·C, (t + 1)·C), which
+// walk(j0, j1, f) hands to f as (id, scaled), counts, and a block scan gives each thread its
+// first slot. *count gets the total; past cap they are counted, not stored.
+template <typename Walk, typename Keep>
+__device__ void write_in_order(int n, Walk walk, Keep keep, int cap, int32_t* count, int32_t* ids, int32_t* scaled) {
   __shared__ int warp_total[kThreads / 32];
   const int C = (n + kThreads - 1) / kThreads;
   const int i0 = min(n, int(threadIdx.x) * C), i1 = min(n, i0 + C);
   int mine = 0;
-  for (int i = i0; i < i1; ++i) mine += keep(xr[i] * inv_t);
+  walk(i0, i1, [&](int, float v) {
+    mine += keep(v);
+    return true;
+  });
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int incl = mine;
 #pragma unroll
@@ -58,52 +90,158 @@ __device__ void write_in_id_order(const float* __restrict__ xr, int n, float inv
   }
   __syncthreads();
   int slot = warp_total[warp] + incl - mine;
-  for (int i = i0; i < i1 && slot < cap; ++i) {
-    const float v = xr[i] * inv_t;
+  walk(i0, i1, [&](int id, float v) {
+    if (slot >= cap) return false;
     if (keep(v)) {
-      ids[slot] = i;
+      ids[slot] = id;
       scaled[slot] = __float_as_int(v);
       ++slot;
     }
-  }
+    return true;
+  });
 }
 
-// out[row]: [count, ids[cap], scaled[cap] as f32 bits].
-__global__ void __launch_bounds__(kThreads)
-    top_k_kernel(const float* __restrict__ x, int64_t ldx, int n, int k, float inv_t, int cap, int32_t* out) {
-  grid_dependency_begin();
-  const float* xr = x + int64_t(blockIdx.x) * ldx;
-  int32_t* o = out + int64_t(blockIdx.x) * (1 + 2 * int64_t(cap));
+// Every i of row xr with keep(x[i] · inv_t), in ascending id order.
+template <typename Keep>
+__device__ void write_in_id_order(const float* __restrict__ xr, int n, float inv_t, Keep keep, int cap, int32_t* count,
+                                  int32_t* ids, int32_t* scaled) {
+  write_in_order(n, RowWalk{xr, 0, inv_t}, keep, cap, count, ids, scaled);
+}
+
+// The rank-th largest (counting repeats) of the keys key_at(j), j < m; 1 ≤ rank ≤ m.
+template <typename KeyAt>
+__device__ uint32_t radix_select(int m, KeyAt key_at, int rank) {
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix;
   __shared__ int s_rank;
-  uint32_t prefix = 0, mask = 0;
-  int rank = k;  // the wanted key's rank from the top among keys matching prefix
+  uint32_t prefix = 0, mask = 0;  // the digits found so far; rank: the wanted key's among keys matching them
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kThreads) hist[i] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const uint32_t key = order_key(xr[i] * inv_t);
+#pragma unroll 4
+    for (int j = threadIdx.x; j < m; j += kThreads) {
+      const uint32_t key = key_at(j);
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int above = 0, d = 255;
-      for (; d > 0 && above + int(hist[d]) < rank; --d) above += int(hist[d]);
-      s_prefix = prefix | (uint32_t(d) << shift);
-      s_rank = rank - above;
+    // The digit that holds it: lane l of warp 0 owns digits [8l, 8l + 8), sums of the lanes at
+    // and above each give the one lane where the count from the top reaches rank, and that lane
+    // walks its digits down. (Thread 0 walking all 256 was a serial chain of shared loads.)
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      int own = 0;
+      for (int b = 0; b < 8; ++b) own += int(hist[8 * lane + b]);
+      int from = own;  // keys in digits ≥ 8·lane
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int y = __shfl_down_sync(0xffffffffu, from, d);
+        if (lane + d < 32) from += y;
+      }
+      int above = from - own;
+      if (above < rank && rank <= from) {
+        int d = 8 * lane + 7;
+        for (; above + int(hist[d]) < rank; --d) above += int(hist[d]);
+        s_prefix = prefix | (uint32_t(d) << shift);
+        s_rank = rank - above;
+      }
     }
     __syncthreads();
     prefix = s_prefix;
     rank = s_rank;
     mask |= 255u << shift;
   }
-  const uint32_t kth = prefix;  // the k-th largest key; 0 only when it is NaN: nothing survives
-
-  write_in_id_order(xr, n, inv_t, [kth](float v) { return kth != 0u && order_key(v) >= kth; }, cap, o, o + 1,
-                    o + 1 + cap);
+  return prefix;
 }
 
+// Block (s, row): the survivors of the row's slice s (ids [s·slice, (s + 1)·slice)) as if it
+// were the row, with rank min(k, its length), and every non-NaN one where that key is NaN,
+// into part's [count, ids[scap], scaled[scap]] for (row, s).
+__global__ void __launch_bounds__(kThreads)
+    top_k_slices_kernel(const float* __restrict__ x, int64_t ldx, int n, int slice, int k, float inv_t, int scap,
+                        int32_t* __restrict__ part) {
+  grid_dependency_begin();
+  const int id0 = int(blockIdx.x) * slice, len = min(slice, n - id0);
+  const float* xs = x + int64_t(blockIdx.y) * ldx + id0;
+  int32_t* p = part + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * (1 + 2 * int64_t(scap));
+  const uint32_t kth = radix_select(len, [&](int i) { return order_key(xs[i] * inv_t); }, min(k, len));
+  const uint32_t least = max(kth, 1u);  // NaN never survives
+  write_in_order(len, RowWalk{xs, id0, inv_t}, [least](float v) { return order_key(v) >= least; }, scap, p, p + 1,
+                 p + 1 + scap);
+}
+
+// out[row]: [count, ids[cap], scaled[cap] as f32 bits], from the row's `slices` survivor lists
+// in part (top_k_slices_kernel), or from the whole row where slices is 0 or one list overflowed.
+__global__ void __launch_bounds__(kThreads)
+    top_k_kernel(const float* __restrict__ x, int64_t ldx, int n, int k, float inv_t, int cap, int32_t* out,
+                 const int32_t* __restrict__ part, int slices, int scap) {
+  grid_dependency_begin();
+  const float* xr = x + int64_t(blockIdx.x) * ldx;
+  int32_t* o = out + int64_t(blockIdx.x) * (1 + 2 * int64_t(cap));
+  const int64_t per = 1 + 2 * int64_t(scap);
+  const int32_t* p = part + int64_t(blockIdx.x) * slices * per;
+  __shared__ int start[kMaxSlices + 1];  // slice s's survivors: positions [start[s], start[s + 1]) of the union
+  __shared__ bool s_overflow;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, s = 2 * lane;
+    const int a = s < slices ? p[s * per] : 0, b = s + 1 < slices ? p[(s + 1) * per] : 0;
+    int incl = a + b;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += y;
+    }
+    start[s] = incl - a - b;
+    start[s + 1] = incl - b;
+    if (lane == 31) start[kMaxSlices] = incl;
+    const bool over = __any_sync(0xffffffffu, a > scap || b > scap);
+    if (lane == 0) s_overflow = over;
+  }
+  __syncthreads();
+  if (slices == 0 || s_overflow) {
+    // 0 only when it is NaN: nothing survives
+    const uint32_t kth = radix_select(n, [&](int i) { return order_key(xr[i] * inv_t); }, k);
+    write_in_id_order(xr, n, inv_t, [kth](float v) { return kth != 0u && order_key(v) >= kth; }, cap, o, o + 1,
+                      o + 1 + cap);
+    return;
+  }
+  // Position j of the union: slice s, the last with start[s] ≤ j, entry j − start[s]. (A loop
+  // over the slices was a chain of dependent loads, one a slice.)
+  const int total = start[kMaxSlices];
+  auto entry = [&](int j) {
+    int s = 0;
+    for (int w = kMaxSlices / 2; w > 0; w /= 2)
+      if (start[s + w] <= j) s += w;
+    return p + s * per + 1 + (j - start[s]);  // its id; its scaled value scap further
+  };
+  // Fewer than k in the union: fewer than k non-NaN values in the row, nothing survives.
+  const uint32_t kth =
+      total < k ? 0u : radix_select(total, [&](int j) { return order_key(__int_as_float(entry(j)[scap])); }, k);
+  write_in_order(
+      total,
+      [&](int j0, int j1, auto f) {
+        for (int j = j0; j < j1; ++j) {
+          const int32_t* q = entry(j);
+          if (!f(q[0], __int_as_float(q[scap]))) return;
+        }
+      },
+      [kth](float v) { return kth != 0u && order_key(v) >= kth; }, cap, o, o + 1, o + 1 + cap);
+}
+
+// How top_k_rows cuts a row: slices of at least kMinSlice and 8·k values, as many as give about
+// kTargetBlocks blocks in all, none empty; no slices (0) where that leaves one. scap: the
+// survivors each slice's scratch holds.
+struct Split {
+  int slices = 0, slice = 0, scap = 0;
+};
+Split split_for(int64_t rows, int64_t n, int64_t k, int cap) {
+  k = std::min(k, n);
+  const int64_t by_blocks = (kTargetBlocks + rows - 1) / rows, by_length = n / std::max(kMinSlice, 8 * k);
+  const int64_t want = std::min({by_blocks, by_length, int64_t(kMaxSlices)});
+  if (want < 2 || rows > 65535) return {};
+  const int64_t slice = (n + want - 1) / want;
+  const int64_t scap = std::min(slice, std::max({int64_t(cap), 2 * k, kMinSliceCap}));
+  return {static_cast<int>((n + slice - 1) / slice), static_cast<int>(slice), static_cast<int>(scap)};
+}
 
 // The bucket of a scaled value (select_top_p): the same f32 arithmetic as the host's; the
 // multiplication by a power of two is exact.
@@ -194,11 +332,22 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+size_t top_k_scratch_bytes(int64_t rows, int64_t n, int k, int cap) {
+  const Split sp = split_for(rows, n, k, cap);
+  return size_t(rows) * sp.slices * (1 + 2 * size_t(sp.scap)) * sizeof(int32_t);
+}
+
 void top_k_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, int k, float inv_t, int cap, int32_t* out,
-                cudaStream_t s) {
+                void* scratch, cudaStream_t s) {
   if (rows == 0) return;
+  k = static_cast<int>(std::min<int64_t>(k, n));
+  const Split sp = split_for(rows, n, k, cap);
+  auto* part = static_cast<int32_t*>(scratch);
+  if (sp.slices)
+    launch_kernel("top_k", top_k_slices_kernel, dim3(static_cast<unsigned>(sp.slices), static_cast<unsigned>(rows)),
+                  kThreads, 0, s, x, ldx, static_cast<int>(n), sp.slice, k, inv_t, sp.scap, part);
   launch_kernel("top_k", top_k_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, ldx, static_cast<int>(n), k,
-                inv_t, cap, out);
+                inv_t, cap, out, part, sp.slices, sp.scap);
 }
 
 void top_p_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, int cap, int32_t* out,

@@ -513,7 +513,11 @@ class CudaBackend final : public Backend {
     k = static_cast<int>(std::min<int64_t>(k, logits.cols));
     if (logits.rows == 0 || k <= 0 || max_count <= 0) return Backend::top_k_rows(logits, k, inv_t, max_count);
     return candidates_from_device("top_k_rows", logits, max_count, 1, [&](int32_t* dev) {
-      cuda::top_k_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, k, inv_t, max_count, dev, stream_);
+      std::shared_ptr<void> part;
+      if (const size_t bytes = cuda::top_k_scratch_bytes(logits.rows, logits.cols, k, max_count))
+        part = pool_->allocate(bytes, "top_k_rows");
+      cuda::top_k_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, k, inv_t, max_count, dev, part.get(),
+                       stream_);
     });
   }
 

@@ -92,10 +92,12 @@ void add(const void* x, int64_t ldx, Elem x_elem, void* y, int64_t ldy, Elem y_e
          cudaStream_t s);
 // out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of
 // only -inf / NaN). Needs `scratch` of argmax_scratch_bytes() for the per-slice partial results.
-// Backend::top_k_rows on the device (candidates.cu): per row, out holds [count, ids[cap],
-// scaled[cap] as f32 bits]; survivors past cap are counted, not stored.
+// Backend::top_k_rows on the device (candidates.cu), 1 ≤ k: per row, out holds [count,
+// ids[cap], scaled[cap] as f32 bits]; survivors past cap are counted, not stored. Needs
+// `scratch` of top_k_scratch_bytes() (0 for short rows) for the slices' survivors.
+size_t top_k_scratch_bytes(int64_t rows, int64_t n, int k, int cap);
 void top_k_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, int k, float inv_t, int cap, int32_t* out,
-                cudaStream_t s);
+                void* scratch, cudaStream_t s);
 // Backend::top_p_rows likewise: per row [count, row mass as f32 bits, ids[cap], scaled[cap]].
 void top_p_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, int cap, int32_t* out,
                 cudaStream_t s);
