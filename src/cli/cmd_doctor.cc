@@ -734,9 +734,10 @@ int run_doctor(const DoctorArgs& a) {
     // The decode step's weights read in the skinny product's pattern and variants of it (Qwen3-8B:
     // gate/up, down, o): which way of streaming a weight a product should use.
     if (a.bandwidth_sweep) {
-      for (const auto [flavour, unroll, per_sm] : {std::array<int, 3>{0, 4, 8}, {1, 4, 8}, {2, 4, 8}, {3, 4, 8},
-                                                   {0, 8, 8}, {0, 4, 4}, {0, 4, 16}})
-        for (const size_t window : {bytes, size_t(192) << 20})
+      for (const auto [flavour, unroll, per_sm] :
+           {std::array<int, 3>{0, 4, 8}, {1, 4, 8}, {2, 4, 8}, {3, 4, 8}, {0, 8, 8}, {0, 4, 4}, {0, 4, 16},
+            {4, 0, 1}, {4, 0, 2}, {4, 0, 3}, {5, 0, 1}, {5, 0, 2}, {6, 0, 1}, {6, 0, 2}})
+        for (const size_t window : {bytes, size_t(192) << 20, size_t(32) << 20})
           std::printf("read flavour %d, %d in flight, %d blocks/SM: %.1f GB/s (launches of %.0f MiB)\n", flavour,
                       unroll, per_sm, cuda::read_bandwidth(window, bytes, flavour, unroll, per_sm) / 1e9,
                       double(window) / double(1 << 20));

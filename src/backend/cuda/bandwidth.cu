@@ -165,6 +165,63 @@ __global__ void __launch_bounds__(128) rows_smem_kernel(const char* __restrict__
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+
+// Flavours 4-6: the tensor memory accelerator's 1-D bulk copy (cp.async.bulk) into a ring of
+// STAGES shared-memory tiles, each with an mbarrier that the copy completes; one thread issues,
+// the block reads each landed tile from shared memory, and the tile is refilled once every
+// thread is past it. A few instructions keep a whole tile in flight, where 16-byte loads need
+// a register each.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(256) bulk_read_kernel(const char* __restrict__ p, int64_t tiles, unsigned* sink) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ __align__(8) uint64_t landed[STAGES];
+  const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;  // tiles blockIdx.x + j·gridDim.x
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&landed[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int64_t j) {
+    const int s = int(j % STAGES);
+    const char* src = p + (blockIdx.x + j * gridDim.x) * int64_t(TILE);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&landed[s])), "r"(TILE)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_addr(ring + s * TILE)),
+        "l"(src), "r"(TILE), "r"(smem_addr(&landed[s]))
+        : "memory");
+  };
+  if (threadIdx.x == 0)
+    for (int64_t j = 0; j < STAGES && j < mine; ++j) issue(j);
+  uint32_t acc = 0;
+  for (int64_t j = 0; j < mine; ++j) {
+    const int s = int(j % STAGES);
+    const uint32_t parity = uint32_t(j / STAGES) & 1u;
+    uint32_t done = 0;
+    while (!done)
+      asm volatile(
+          "{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+          : "=r"(done)
+          : "r"(smem_addr(&landed[s])), "r"(parity)
+          : "memory");
+    const uint4* t = reinterpret_cast<const uint4*>(ring + s * TILE);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < TILE / 16; i += 256) {
+      const uint4 v = t[i];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && j + STAGES < mine) issue(j + STAGES);
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 // Bytes read per second by `launches_of_one_rep` (queued back to back, reading `bytes` of a
 // buffer of that size filled with a byte pattern): the best of three timed repetitions after a
 // warm-up one. The launcher gets the buffer and a sink word for the kernels' never-taken store.
@@ -243,6 +300,27 @@ double read_bandwidth(size_t window, size_t total, int flavour, int unroll, int 
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "bandwidth", "SM count");
   const unsigned blocks = unsigned(sms * blocks_per_sm);
   const int64_t n = int64_t(window / 16);
+  if (flavour >= 4) {  // bulk copies: (tile, stages) = (16 KiB, 4), (32 KiB, 3), (8 KiB, 8)
+    constexpr int k16 = 16 << 10, k32 = 32 << 10, k8 = 8 << 10;
+    check(cudaFuncSetAttribute(bulk_read_kernel<k16, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * k16),
+          "bandwidth", "cudaFuncSetAttribute");
+    check(cudaFuncSetAttribute(bulk_read_kernel<k32, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * k32),
+          "bandwidth", "cudaFuncSetAttribute");
+    check(cudaFuncSetAttribute(bulk_read_kernel<k8, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * k8),
+          "bandwidth", "cudaFuncSetAttribute");
+    const int tile = flavour == 4 ? k16 : flavour == 5 ? k32 : k8;
+    window = std::max(window / size_t(tile), size_t(1)) * size_t(tile);
+    total = std::max(total / window, size_t(1)) * window;
+    return best_read_rate(total, [&](const char* buf, unsigned* sink) {
+      for (size_t w = 0; w < total / window; ++w) {
+        const char* q = buf + w * window;
+        const int64_t tiles = int64_t(window / size_t(tile));
+        if (flavour == 4) bulk_read_kernel<k16, 4><<<blocks, 256, 4 * k16>>>(q, tiles, sink);
+        else if (flavour == 5) bulk_read_kernel<k32, 3><<<blocks, 256, 3 * k32>>>(q, tiles, sink);
+        else bulk_read_kernel<k8, 8><<<blocks, 256, 8 * k8>>>(q, tiles, sink);
+      }
+    });
+  }
   // Each launch reads the next window, so a window smaller than L2 is still read from memory.
   return best_read_rate(total, [&](const char* buf, unsigned* sink) {
     for (size_t w = 0; w < total / window; ++w) {

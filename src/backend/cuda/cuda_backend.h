@@ -21,7 +21,8 @@ double best_timed_rate(int reps, double bytes, const std::function<void(int rep)
 // flavour: 0 the products' 16-byte load (read-only, no L1 allocation, 256-byte L2 prefetch), 1
 // without the prefetch, 2 a plain read-only load, 3 with an evict-first L2 policy; `unroll`
 // (4, or 8 with flavour 0 only) loads in flight per thread; blocks_per_sm blocks of 256 threads
-// per SM.
+// per SM. Flavours 4, 5, 6: bulk copies (cp.async.bulk) into shared-memory rings of 4 × 16 KiB,
+// 3 × 32 KiB and 8 × 8 KiB tiles (`unroll` unused).
 double read_bandwidth(size_t window, size_t total, int flavour = 0, int unroll = 4, int blocks_per_sm = 8);
 // The same, reading an [N, K] bf16 matrix the way the skinny product does (rows and 1/S of K a
 // warp), `launches` matrices back to back. variant: 0 16 rows, 4 chunks a batch (the kernel's
