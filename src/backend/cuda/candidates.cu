@@ -42,6 +42,22 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+constexpr int kUnroll = 4;  // loads a thread issues before using them, on a row's passes
+
+// f(x[i]) for this thread's i = threadIdx.x + j·kThreads < n, in order of i.
+template <typename F>
+__device__ __forceinline__ void for_each_strided(const float* __restrict__ x, int n, F f) {
+  int i = threadIdx.x;
+  for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = x[i + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) f(v[u]);
+  }
+  for (; i < n; i += kThreads) f(x[i]);
+}
+
 // Positions [j0, j1) of a row or slice xs whose first id is id0: f(id, scaled) for each in
 // order, until f returns false.
 struct RowWalk {
@@ -50,7 +66,16 @@ struct RowWalk {
   float inv_t;
   template <typename F>
   __device__ void operator()(int j0, int j1, F f) const {
-    for (int j = j0; j < j1; ++j)
+    int j = j0;
+    for (; j + kUnroll <= j1; j += kUnroll) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = xs[j + u];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (!f(id0 + j + u, v[u] * inv_t)) return;
+    }
+    for (; j < j1; ++j)
       if (!f(id0 + j, xs[j] * inv_t)) return;
   }
 };
@@ -266,8 +291,10 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float partial[32];
   __shared__ float s_max;
   __shared__ int s_last;
+  // The row's passes load kUnroll values a thread before using them: one block reads the row,
+  // so the loads in flight per thread set its pace (292 µs for 16 rows one at a time).
   float mx = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += kThreads) mx = fmaxf(mx, xr[i] * inv_t);  // fmaxf skips NaN
+  for_each_strided(xr, n, [&](float v) { mx = fmaxf(mx, v * inv_t); });  // fmaxf skips NaN
   mx = warp_max(mx);
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = mx;
   for (int i = threadIdx.x; i < kTopPBuckets; i += kThreads) bucket[i] = 0ull;
@@ -283,15 +310,15 @@ __global__ void __launch_bounds__(kThreads)
   mx = s_max;
   float mass = 0.f;
   unsigned long long faint = 0;  // tokens under one fixed-point unit
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float s = xr[i] * inv_t;
-    if (s != s) continue;
+  for_each_strided(xr, n, [&](float v) {
+    const float s = v * inv_t;
+    if (s != s) return;
     const float e = expf(s - mx);
     mass += e;
-    const double f = double(e) * kFixed;
-    if (f < 1.0) ++faint;
-    else atomicAdd(&bucket[top_p_bucket(s, mx)], static_cast<unsigned long long>(ceil(f)));
-  }
+    const float f = e * float(kFixed);  // exact: a power of two
+    if (f < 1.f) ++faint;
+    else atomicAdd(&bucket[top_p_bucket(s, mx)], static_cast<unsigned long long>(ceilf(f)));
+  });
   if (faint) atomicAdd(&bucket[kTopPBuckets - 1], faint);
   mass = block_sum(mass, partial);  // ends past a barrier: the buckets are complete
   // The last candidate bucket: the largest b whose mass at or beyond it exceeds the budget.
