@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     double top_p, min_p;
   };
   const Setting settings[] = {{0.6, 20, 0.95, 0}, {1.2, 200, 0.8, 0}, {0.7, 0, 0.9, 0},
-                              {1.0, 0, 0.99, 0},  {0.8, 0, 1.0, 0.05}};
+                              {1.0, 0, 0.99, 0},  {0.8, 0, 1.0, 0.05}, {1.0, 0, 1.0, 0}};
   std::printf("vocab %d, %d repeats\n%-40s %10s %8s\n", vocab, repeats, "warpers", "ms/row", "kept");
   for (const auto& s : settings) {
     dflash::SamplingParams p;
