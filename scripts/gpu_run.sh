@@ -194,16 +194,19 @@ if has forced; then
 fi
 
 if has sampled; then
-  step "sampled decoding (Qwen3's defaults: temperature 0.6, top-k 20, top-p 0.95; then top-p 0.9 alone)"
-  for opts in "--temperature 0.6 --top-k 20 --top-p 0.95" "--temperature 0.7 --top-p 0.9"; do
+  step "sampled decoding (Qwen3's defaults: temperature 0.6, top-k 20, top-p 0.95; top-p 0.9 alone; temperature alone)"
+  for opts in "--temperature 0.6 --top-k 20 --top-p 0.95" "--temperature 0.7 --top-p 0.9" "--temperature 1.0" \
+      "--temperature 1.0 whole"; do
+    # "whole": the same, every row read whole (DFLASH_LOGIT_ROWS=whole), to compare within the run
+    [[ "$opts" == *whole ]] && export DFLASH_LOGIT_ROWS=whole && opts=${opts% whole} || unset DFLASH_LOGIT_ROWS
     if [[ -f models/qwen3-pycode-15m/config.json ]]; then
-      echo "--- shipped pair, $opts" | tee -a "$OUT/sampled.txt"
+      echo "--- shipped pair, $opts${DFLASH_LOGIT_ROWS:+ (rows read whole)}" | tee -a "$OUT/sampled.txt"
       timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
         --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 --no-adaptive $opts --seed 1 \
         2>&1 | grep -E "^ALL|^time|^DFlash" | tee -a "$OUT/sampled.txt"
     fi
     if [[ -f $Q8B/config.json ]]; then
-      echo "--- Qwen3-8B shapes, $opts" | tee -a "$OUT/sampled.txt"
+      echo "--- Qwen3-8B shapes, $opts${DFLASH_LOGIT_ROWS:+ (rows read whole)}" | tee -a "$OUT/sampled.txt"
       timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash --prompt-ids "$(q8b_prompt)" \
         -n 64 --ignore-eos --no-adaptive $opts --seed 1 2>&1 | grep -E "^ALL|^time|^DFlash" | tee -a "$OUT/sampled.txt"
     fi

@@ -363,10 +363,48 @@ TEST(CudaSampling, CandidateFormsGiveTheWholeRowsDistribution) {
       SCOPED_TRACE("row " + std::to_string(r) + " top_k " + std::to_string(s.top_k) + " top_p " +
                    std::to_string(s.top_p));
       const TokenDistribution want = token_distribution(host.data() + size_t(r) * vocab, vocab, sp, TokenHistory{});
-      const TokenDistribution got = device_rows.distribution(r, TokenHistory{});
+      const TokenDistribution& got =
+          dynamic_cast<const SupportLaw&>(device_rows.law(r, TokenHistory{})).distribution();
       ASSERT_EQ(got.ids, want.ids);
       for (size_t j = 0; j < want.ids.size(); ++j)
         EXPECT_NEAR(got.probs[j], want.probs[j], 1e-5f * want.probs[j]) << "token " << want.ids[j];
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Temperature alone: the rows stay on the device (LogitRows' DeviceRows form). Its laws must
+// draw what the CPU backend's do from the same uniforms (both sum f64 weights, so only a
+// uniform within rounding of a boundary could part them), give the same p(d), and draw the
+// same replacement from the excess of one row over another.
+TEST(CudaSampling, RowsLeftOnTheDeviceDrawWhatTheHostDraws) {
+  REQUIRE_GPU(backend);
+  auto cpu = make_cpu_backend();
+  const int rows = 4, vocab = 151936;
+  std::mt19937 gen(9);
+  std::uniform_real_distribution<float> u(-4.f, 8.f);
+  std::vector<float> host(size_t(rows) * vocab);
+  for (auto& v : host) v = u(gen);
+  Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
+  SamplingParams sp;
+  sp.temperature = 0.8;
+  LogitRows g(*backend, sp, vocab), c(*cpu, sp, vocab);
+  g.read(on_gpu);
+  c.read(on_cpu);
+  Rng rg(17), rc(17);
+  for (int r = 0; r < rows; ++r) {
+    const TokenLaw &lg = g.law(r, TokenHistory{}), &lc = c.law(r, TokenHistory{});
+    for (int i = 0; i < 50; ++i) {
+      const int32_t a = lg.draw(rg), b = lc.draw(rc);
+      ASSERT_EQ(a, b) << "row " << r << " draw " << i;
+      EXPECT_NEAR(lg.prob(a), lc.prob(a), 1e-12 * lc.prob(a));
+    }
+    if (r + 1 < rows) {
+      const TokenLaw &qg = g.law(r + 1, TokenHistory{}), &qc = c.law(r + 1, TokenHistory{});
+      for (int i = 0; i < 20; ++i) ASSERT_EQ(lg.draw_excess_over(qg, rg), lc.draw_excess_over(qc, rc)) << "row " << r;
     }
   }
 }

@@ -77,11 +77,11 @@ namespace {
 // The acceptance rule on supports: max(0, p − q) only where p exceeds q, whatever the two
 // supports share, and p(d)/q(d) looked up by id.
 TEST(AcceptanceRuleOnSupports, ResidualAndRatioAreTakenById) {
-  const TokenDistribution p{{2, 5, 9}, {0.5f, 0.3f, 0.2f}};
-  const TokenDistribution q{{1, 2, 9}, {0.4f, 0.6f, 0.0f}};
-  EXPECT_EQ(p.prob(5), 0.3f);
-  EXPECT_EQ(p.prob(4), 0.0f);
-  EXPECT_EQ(q.prob(10), 0.0f);
+  const SupportLaw p(TokenDistribution{{2, 5, 9}, {0.5f, 0.3f, 0.2f}});
+  const SupportLaw q(TokenDistribution{{1, 2, 9}, {0.4f, 0.6f, 0.0f}});
+  EXPECT_EQ(p.prob(5), double(0.3f));
+  EXPECT_EQ(p.prob(4), 0.0);
+  EXPECT_EQ(q.prob(10), 0.0);
   const AcceptanceRule& rule = exact_acceptance_rule();
   Rng rng(7);
   std::map<int32_t, int> drawn;

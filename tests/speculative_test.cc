@@ -153,8 +153,8 @@ TEST(SpeculativeSampling, DistributionEqualsPlainSampling) {
 // A classic bug: after a rejection, draw the replacement from p instead of max(0, p − q).
 class ResampleFromTargetRule final : public AcceptanceRule {
  public:
-  int32_t replacement(const TokenDistribution& p, const TokenDistribution&, Rng& rng) const override {
-    return sample_from(p, rng);
+  int32_t replacement(const TokenLaw& p, const TokenLaw&, Rng& rng) const override {
+    return p.draw(rng);
   }
 };
 

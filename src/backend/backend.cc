@@ -76,6 +76,93 @@ void select_top_p(const float* row, int n, float inv_t, float top_p, CandidateRo
   out.row_mass = mass;
 }
 
+namespace {
+
+// One row of F32 logits on the host (a copy from wherever they are).
+std::vector<float> host_row(Backend& b, const Tensor& logits, int64_t r, const char* op) {
+  if (logits.dtype != DType::F32) throw Error(std::string(op) + ": logits " + logits.describe() + " are not F32");
+  if (r < 0 || r >= logits.rows)
+    throw Error(std::string(op) + ": row " + std::to_string(r) + " of " + logits.describe());
+  std::vector<float> row(size_t(logits.cols));
+  b.download(logits.slice_rows(r, 1), row.data());
+  return row;
+}
+
+// exp(scaled − max) in f64, 0 for NaN: each token's weight in its row's law. (In f32 the
+// device's expf and the host's may differ by an ulp, and summed over a vocabulary such
+// differences move every boundary of the cumulative sums: the backends' draws would part far
+// more often than f64 rounding makes them.)
+inline double weight(float logit, float inv_t, float max) {
+  const float s = logit * inv_t;
+  return std::isnan(s) ? 0.0 : std::exp(double(s) - double(max));
+}
+
+// The first i at which Σ_{j ≤ i} w(j) exceeds u · Σ w, summed in id order; the last i with
+// weight where rounding leaves none; -1 when every weight is 0.
+template <typename W>
+int32_t draw_by_weights(int64_t n, W w, double u) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += w(i);
+  if (!(total > 0)) return -1;
+  const double target = u * total;
+  double acc = 0;
+  int32_t last = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = w(i);
+    if (v <= 0) continue;
+    acc += v;
+    last = static_cast<int32_t>(i);
+    if (target < acc) return last;
+  }
+  return last;
+}
+
+}  // namespace
+
+std::vector<RowLaw> Backend::row_laws(const Tensor& logits, float inv_t) {
+  std::vector<RowLaw> out(size_t(logits.rows));
+  for (int64_t r = 0; r < logits.rows; ++r) {
+    const auto row = host_row(*this, logits, r, "row_laws");
+    float mx = -INFINITY;
+    for (float v : row) mx = std::max(mx, v * inv_t);
+    double mass = 0;
+    for (float v : row) mass += weight(v, inv_t, mx);
+    out[size_t(r)] = {mx, mass};
+  }
+  return out;
+}
+
+std::vector<float> Backend::scaled_at(const Tensor& logits, float inv_t,
+                                      const std::vector<std::pair<int64_t, int32_t>>& at) {
+  std::vector<float> out;
+  for (const auto& [r, id] : at) {
+    if (id < 0 || id >= logits.cols) throw Error("scaled_at: id " + std::to_string(id) + " of " + logits.describe());
+    if (r < 0 || r >= logits.rows) throw Error("scaled_at: row " + std::to_string(r) + " of " + logits.describe());
+    float v = 0.f;
+    download(logits.slice_rows(r, 1).slice_cols(id, 1), &v);
+    out.push_back(v * inv_t);
+  }
+  return out;
+}
+
+int32_t Backend::draw_from_row(const Tensor& logits, int64_t r, float inv_t, float max, double u) {
+  const auto row = host_row(*this, logits, r, "draw_from_row");
+  return draw_by_weights(logits.cols, [&](int64_t i) { return weight(row[size_t(i)], inv_t, max); }, u);
+}
+
+int32_t Backend::draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,
+                                  int64_t rq, const RowLaw& lq, float inv_t, double u) {
+  if (p_logits.cols != q_logits.cols)
+    throw Error("draw_from_excess: " + p_logits.describe() + " against " + q_logits.describe());
+  const auto p = host_row(*this, p_logits, rp, "draw_from_excess"), q = host_row(*this, q_logits, rq, "draw_from_excess");
+  return draw_by_weights(
+      p_logits.cols,
+      [&](int64_t i) {
+        return std::max(0.0, weight(p[size_t(i)], inv_t, lp.max) / lp.mass - weight(q[size_t(i)], inv_t, lq.max) / lq.mass);
+      },
+      u);
+}
+
 std::vector<CandidateRow> Backend::top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count) {
   if (logits.dtype != DType::F32) throw Error("top_p_rows: logits " + logits.describe() + " are not F32");
   std::vector<float> rows(size_t(logits.rows * logits.cols));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/tensor.h"
@@ -61,6 +62,13 @@ constexpr int kTopPBuckets = 2048;
 constexpr float kTopPBucketsPerUnit = 32.f;
 void select_top_p(const float* row, int n, float inv_t, float top_p, CandidateRow& out);
 
+// A whole row's softmax where the row is (Backend::row_laws), for rows no candidate set is
+// smaller than (temperature alone): p_i = exp(scaled_i − max) / mass, scaled = logit · inv_t.
+struct RowLaw {
+  float max = 0.f;
+  double mass = 0.0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -103,6 +111,18 @@ class Backend {
   // top-p without top-k moves the nucleus and a few more tokens instead of the row; overflow as
   // in top_k_rows. The default downloads the rows and runs select_top_p.
   virtual std::vector<CandidateRow> top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count);
+  // Sampling from whole rows without moving them: each row's law (its max scaled logit, NaN
+  // skipped, and mass Σ exp(scaled − max) in f64); the scaled logit at (row, id) pairs; a draw
+  // from row r: the first id at which Σ_{j ≤ id} exp(scaled_j − max) exceeds u times the whole
+  // sum (both summed by the draw, in one order); a draw from normalise(max(0, p − q)), p row rp
+  // of p_logits and q row rq of q_logits with their laws, likewise, or −1 when that is 0
+  // everywhere. The defaults download the rows and work on the host.
+  virtual std::vector<RowLaw> row_laws(const Tensor& logits, float inv_t);
+  virtual std::vector<float> scaled_at(const Tensor& logits, float inv_t,
+                                       const std::vector<std::pair<int64_t, int32_t>>& at);
+  virtual int32_t draw_from_row(const Tensor& logits, int64_t r, float inv_t, float max, double u);
+  virtual int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,
+                                   int64_t rq, const RowLaw& lq, float inv_t, double u);
 
   // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend
   // overrides one where a single kernel saves launches and passes over memory. An override

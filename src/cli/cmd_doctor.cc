@@ -531,6 +531,50 @@ class Doctor {
     row("top_p_rows", shape("logits", rows, cols) + what, err, err, 1e-5, pass, us, note);
   }
 
+  // Temperature alone, the rows left on the device: each row's law (max exact, mass), the
+  // scaled logits at drafted ids, 200 draws from each row and 200 from the excess of each row
+  // over the next, the same uniforms on both backends. Draws must agree token for token (a
+  // uniform would have to land within rounding of a boundary to split them). Error: the
+  // largest relative difference of a mass or probability, 1 for any differing token.
+  void row_law(int64_t rows, int64_t cols, float temperature) {
+    std::uniform_real_distribution<float> u01(0.f, 1.f);
+    std::vector<float> host(size_t(rows * cols));
+    for (auto& v : host) v = 12.f * u01(rng_) - 4.f;
+    Tensor xt = t_.upload(host.data(), rows, cols), xr = r_.upload(host.data(), rows, cols);
+    const float inv_t = 1.0f / temperature;
+    const auto lt = t_.row_laws(xt, inv_t), lr = r_.row_laws(xr, inv_t);
+    double err = 0;
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      wrong += lt[size_t(r)].max != lr[size_t(r)].max;
+      err = std::max(err, std::abs(lt[size_t(r)].mass - lr[size_t(r)].mass) / lr[size_t(r)].mass);
+    }
+    std::vector<std::pair<int64_t, int32_t>> at;
+    for (int64_t r = 0; r < rows; ++r) at.push_back({r, int32_t(rng_() % uint64_t(cols))});
+    const auto st = t_.scaled_at(xt, inv_t, at), sr = r_.scaled_at(xr, inv_t, at);
+    for (size_t i = 0; i < at.size(); ++i) wrong += st[i] != sr[i];
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const int draws = quick_ ? 20 : 200;
+    double draw_us = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int i = 0; i < draws; ++i) {
+        const double ui = u(rng_);
+        const auto t0 = std::chrono::steady_clock::now();
+        const int32_t a = t_.draw_from_row(xt, r, inv_t, lt[size_t(r)].max, ui);
+        draw_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        wrong += a != r_.draw_from_row(xr, r, inv_t, lr[size_t(r)].max, ui);
+        if (r + 1 < rows)
+          wrong += t_.draw_from_excess(xt, r, lt[size_t(r)], xt, r + 1, lt[size_t(r + 1)], inv_t, ui) !=
+                   r_.draw_from_excess(xr, r, lr[size_t(r)], xr, r + 1, lr[size_t(r + 1)], inv_t, ui);
+      }
+    if (wrong) err = 1;
+    char note[120];
+    std::snprintf(note, sizeof note, "laws, logits at ids, %d draws a row and from each excess (µs: one draw)",
+                  draws);
+    row("row_law", shape("logits", rows, cols) + " T " + std::to_string(temperature).substr(0, 4), err, err, 1e-6,
+        wrong == 0 && err <= 1e-6, draw_us / double(rows * draws), note);
+  }
+
   // A whole target on both backends: a 40-row prefill (cuBLAS on the GPU) then 8 decode
   // steps (the skinny path), every row's logits compared; bf16 weights and activations
   // through every layer put these further apart than any single op.
@@ -715,6 +759,8 @@ int run_doctor(const DoctorArgs& a) {
   d.top_p(15, 151936, 0.95f, 1.0f, false);
   d.top_p(2, 151936, 0.9f, 1.0f, true);
   d.top_p(3, 4160, 0.5f, 0.6f, false);
+  d.row_law(16, 151936, 1.0f);
+  d.row_law(4, 4160, 0.7f);
 
   for (const auto& m : a.models) d.model(m);
 

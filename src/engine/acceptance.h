@@ -11,9 +11,9 @@ class AcceptanceRule {
  public:
   virtual ~AcceptanceRule() = default;
   // Accept draft token d, drawn from q, against the target's p?
-  virtual bool accept(const TokenDistribution& p, const TokenDistribution& q, int32_t d, Rng& rng) const;
+  virtual bool accept(const TokenLaw& p, const TokenLaw& q, int32_t d, Rng& rng) const;
   // The token that replaces a rejected draft.
-  virtual int32_t replacement(const TokenDistribution& p, const TokenDistribution& q, Rng& rng) const;
+  virtual int32_t replacement(const TokenLaw& p, const TokenLaw& q, Rng& rng) const;
 };
 
 // min(1, p(d)/q(d)) to accept; normalize(max(0, p − q)) on rejection.

@@ -1,6 +1,9 @@
 #include "engine/logit_rows.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "util/error.h"
 
@@ -10,6 +13,31 @@ namespace {
 constexpr int kMaxDeviceTopK = 1024;
 // Top-p candidates a row may bring back; a row with more (a flat distribution) is read whole.
 constexpr int kMaxTopPCandidates = 2048;
+
+// Row r of logits left on the device, as a law: p(id) from the row's max and mass and the logit
+// there; draws and the excess over another such row drawn there, with the host's uniforms.
+class DeviceRowLaw final : public TokenLaw {
+ public:
+  DeviceRowLaw(Backend& b, Tensor logits, int64_t r, float inv_t, RowLaw law)
+      : b_(b), logits_(std::move(logits)), r_(r), inv_t_(inv_t), law_(law) {}
+  double prob(int32_t id) const override {
+    const float s = b_.scaled_at(logits_, inv_t_, {{r_, id}})[0];
+    return std::isnan(s) ? 0.0 : std::exp(double(s) - double(law_.max)) / law_.mass;
+  }
+  int32_t draw(Rng& rng) const override { return b_.draw_from_row(logits_, r_, inv_t_, law_.max, rng.uniform()); }
+  int32_t draw_excess_over(const TokenLaw& q_law, Rng& rng) const override {
+    const auto* q = dynamic_cast<const DeviceRowLaw*>(&q_law);
+    if (!q) throw Error("acceptance: p is a row on the device, q is not");
+    return b_.draw_from_excess(logits_, r_, law_, q->logits_, q->r_, q->law_, inv_t_, rng.uniform());
+  }
+
+ private:
+  Backend& b_;
+  Tensor logits_;
+  int64_t r_;
+  float inv_t_;
+  RowLaw law_;
+};
 }  // namespace
 
 LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab) : backend_(b), sp_(sp), vocab_(vocab) {
@@ -19,7 +47,13 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab) : backend_
     form_ = Form::TopK;
   else if (!sp.greedy() && !penalties && (sp.top_k == 0 || sp.top_k >= vocab) && sp.top_p < 1.0)
     form_ = Form::TopP;
+  else if (!sp.greedy() && !penalties && (sp.top_k == 0 || sp.top_k >= vocab) && sp.min_p == 0.0)
+    form_ = Form::DeviceRows;
   else form_ = Form::Rows;
+  // Measuring only: DFLASH_LOGIT_ROWS=whole reads every sampled row whole, as before the
+  // candidate and device forms (the same distributions; see the header).
+  if (const char* e = std::getenv("DFLASH_LOGIT_ROWS"); e && std::string(e) == "whole" && form_ != Form::Argmax)
+    form_ = Form::Rows;
 }
 
 void LogitRows::read(const Tensor& logits) {
@@ -27,6 +61,8 @@ void LogitRows::read(const Tensor& logits) {
     throw Error("logit rows: " + logits.describe() + " for a vocabulary of " + std::to_string(vocab_));
   logits_ = logits;
   row_read_.assign(size_t(logits.rows), 0);
+  laws_.clear();
+  laws_.resize(size_t(logits.rows));
   switch (form_) {
     case Form::Argmax:
       argmax_ = backend_.argmax_rows(logits);
@@ -38,6 +74,9 @@ void LogitRows::read(const Tensor& logits) {
     case Form::TopP:
       candidates_ = backend_.top_p_rows(logits, static_cast<float>(1.0 / sp_.temperature),
                                         static_cast<float>(sp_.top_p), kMaxTopPCandidates);
+      break;
+    case Form::DeviceRows:
+      row_laws_ = backend_.row_laws(logits, static_cast<float>(1.0 / sp_.temperature));
       break;
     case Form::Rows:
       rows_.resize(size_t(logits.rows * logits.cols));
@@ -56,17 +95,24 @@ const float* LogitRows::row(int r) {
   return rows_.data() + size_t(r) * vocab_;
 }
 
-TokenDistribution LogitRows::distribution(int r, const TokenHistory& h) {
-  if ((form_ == Form::TopK || form_ == Form::TopP) && !candidates_[size_t(r)].ids.empty()) {
+const TokenLaw& LogitRows::law(int r, const TokenHistory& h) {
+  std::unique_ptr<TokenLaw>& law = laws_[size_t(r)];
+  if (law) return *law;
+  if (form_ == Form::DeviceRows) {
+    law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, static_cast<float>(1.0 / sp_.temperature),
+                                         row_laws_[size_t(r)]);
+  } else if ((form_ == Form::TopK || form_ == Form::TopP) && !candidates_[size_t(r)].ids.empty()) {
     const CandidateRow& c = candidates_[size_t(r)];
-    return distribution_of_candidates(c.ids, c.scaled, sp_, c.row_mass);
+    law = std::make_unique<SupportLaw>(distribution_of_candidates(c.ids, c.scaled, sp_, c.row_mass));
+  } else {
+    law = std::make_unique<SupportLaw>(token_distribution(row(r), vocab_, sp_, h));
   }
-  return token_distribution(row(r), vocab_, sp_, h);
+  return *law;
 }
 
 int32_t LogitRows::choose(int r, const TokenHistory& h, Rng& rng) {
   if (form_ == Form::Argmax) return argmax_[size_t(r)];
-  if (form_ == Form::TopK || form_ == Form::TopP) return sample_from(distribution(r, h), rng);
+  if (form_ != Form::Rows) return law(r, h).draw(rng);
   return choose_token(row(r), vocab_, sp_, h, rng);
 }
 

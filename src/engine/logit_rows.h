@@ -7,12 +7,16 @@
 //   overflow the buffer is read whole;
 // - sampling with top-p and neither top-k nor a penalty: top-p's candidates and the row's mass
 //   (Backend::top_p_rows), the nucleus and a few tokens more instead of the vocabulary;
+// - sampling with temperature alone (no top-k, top-p, min-p or penalty): no candidate set is
+//   smaller than the row, so the row stays where it is: each row's max and mass
+//   (Backend::row_laws), then draws, p(d) and the acceptance rule's residual computed there;
 // - otherwise the whole rows (penalties look at every logit).
 // Every form gives the distribution token_distribution() gives the whole row: the same tokens
-// with the same probabilities, except that the top-p form's row mass is summed on the device in
-// another order: its probabilities may differ in the last bits, and so, rarely, a draw that
-// falls on a boundary between two tokens.
+// with the same probabilities, except that the top-p and temperature-alone forms sum a row's
+// mass on the device in another order: their probabilities may differ in the last bits, and so,
+// rarely, a draw that falls on a boundary between two tokens.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -26,13 +30,13 @@ class LogitRows {
   void read(const Tensor& logits);
   // The token row `r` yields under the sampling parameters (a draw from rng when sampling).
   int32_t choose(int r, const TokenHistory& h, Rng& rng);
-  // The distribution row `r` is sampled from (speculative sampling's p and q).
-  TokenDistribution distribution(int r, const TokenHistory& h);
+  // The law row `r` is sampled from (speculative sampling's p and q); valid until the next read().
+  const TokenLaw& law(int r, const TokenHistory& h);
   // The row's largest logit (benchmark-only forced acceptance).
   int32_t argmax(int r);
 
  private:
-  enum class Form { Argmax, TopK, TopP, Rows };
+  enum class Form { Argmax, TopK, TopP, DeviceRows, Rows };
   const float* row(int r);  // the whole row, downloaded on first use where the form lacks it
 
   Backend& backend_;
@@ -42,6 +46,8 @@ class LogitRows {
   Tensor logits_;
   std::vector<int32_t> argmax_;
   std::vector<CandidateRow> candidates_;  // the TopK and TopP forms
+  std::vector<RowLaw> row_laws_;          // the DeviceRows form
+  std::vector<std::unique_ptr<TokenLaw>> laws_;  // built on first use, a row each
   std::vector<float> rows_;
   std::vector<int> row_read_;  // rows of rows_ that hold the whole row (all of them in the Rows form)
 };

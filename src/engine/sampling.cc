@@ -179,6 +179,29 @@ std::vector<float> TokenDistribution::dense(int vocab) const {
   return v;
 }
 
+double SupportLaw::prob(int32_t id) const { return d_.prob(id); }
+
+int32_t SupportLaw::draw(Rng& rng) const { return sample_from(d_, rng); }
+
+int32_t SupportLaw::draw_excess_over(const TokenLaw& q_law, Rng& rng) const {
+  const auto* q_support = dynamic_cast<const SupportLaw*>(&q_law);
+  if (!q_support) throw Error("acceptance: p is a support on the host, q is not");
+  const TokenDistribution& p = d_;
+  const TokenDistribution& q = q_support->d_;
+  TokenDistribution residual;
+  residual.ids = p.ids;
+  residual.probs.resize(p.ids.size());
+  double mass = 0;
+  size_t k = 0;
+  for (size_t j = 0; j < p.ids.size(); ++j) {
+    while (k < q.ids.size() && q.ids[k] < p.ids[j]) ++k;
+    const float qj = k < q.ids.size() && q.ids[k] == p.ids[j] ? q.probs[k] : 0.0f;
+    residual.probs[j] = std::max(0.0f, p.probs[j] - qj);
+    mass += residual.probs[j];
+  }
+  return mass > 0 ? sample_from(residual, rng) : -1;
+}
+
 int32_t sample_from(const TokenDistribution& d, Rng& rng) {
   double total = 0;
   for (float v : d.probs) total += v;

@@ -4,6 +4,7 @@
 // transforms produce the drafter's q and the target's p for speculative sampling.
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace dflash {
@@ -54,6 +55,31 @@ struct TokenDistribution {
 
   float prob(int32_t id) const;               // 0 outside the support
   std::vector<float> dense(int vocab) const;  // the vocabulary-sized vector (tests)
+};
+
+// A token distribution as drawing and the acceptance rule use it: a support on the host
+// (SupportLaw), or a whole row's softmax left on the device (engine/logit_rows.cc).
+class TokenLaw {
+ public:
+  virtual ~TokenLaw() = default;
+  virtual double prob(int32_t id) const = 0;
+  virtual int32_t draw(Rng& rng) const = 0;
+  // A draw from normalise(max(0, this − q)), q of the same kind; −1 when that is 0 everywhere.
+  virtual int32_t draw_excess_over(const TokenLaw& q, Rng& rng) const = 0;
+};
+
+class SupportLaw final : public TokenLaw {
+ public:
+  explicit SupportLaw(TokenDistribution d) : d_(std::move(d)) {}
+  const TokenDistribution& distribution() const { return d_; }
+  double prob(int32_t id) const override;
+  int32_t draw(Rng& rng) const override;
+  // max(0, p − q) is 0 wherever p is, so its support is within p's: one merge walk of the two
+  // ascending supports. No uniform is drawn when it is 0 everywhere.
+  int32_t draw_excess_over(const TokenLaw& q, Rng& rng) const override;
+
+ private:
+  TokenDistribution d_;
 };
 
 // In place on one row of `vocab` logits.

@@ -55,7 +55,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   st.prefill_seconds = total.seconds();
   out.commit(anchor);
 
-  std::vector<TokenDistribution> q;  // the drafter's distributions, when sampling
+  std::vector<const TokenLaw*> q;  // the drafter's laws, when sampling (draft_rows holds them)
   while (!out.done()) {
     const int64_t s = target_state.length();  // committed positions; the anchor goes at s
     if (s >= capacity) {
@@ -89,8 +89,8 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       if (greedy) {
         block[i] = draft_rows.choose(i - 1, history(block.data() + 1, i - 1), rng);
       } else {
-        q[i] = draft_rows.distribution(i - 1, history(block.data() + 1, i - 1));
-        block[i] = sample_from(q[i], rng);
+        q[i] = &draft_rows.law(i - 1, history(block.data() + 1, i - 1));
+        block[i] = q[i]->draw(rng);
       }
     }
     const double draft_seconds = draft_time.seconds();
@@ -113,9 +113,9 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
           break;
         }
       } else {
-        const auto p = target_rows.distribution(i - 1, history(block.data() + 1, i - 1));
-        if (!rule.accept(p, q[i], block[i], rng)) {
-          next_anchor = rule.replacement(p, q[i], rng);
+        const TokenLaw& p = target_rows.law(i - 1, history(block.data() + 1, i - 1));
+        if (!rule.accept(p, *q[i], block[i], rng)) {
+          next_anchor = rule.replacement(p, *q[i], rng);
           break;
         }
       }

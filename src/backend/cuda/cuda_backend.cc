@@ -530,6 +530,68 @@ class CudaBackend final : public Backend {
     });
   }
 
+  std::vector<RowLaw> row_laws(const Tensor& logits, float inv_t) override {
+    expect(logits, DType::F32, "row_laws", "logits");
+    std::vector<RowLaw> out(size_t(logits.rows));
+    if (logits.rows == 0) return out;
+    std::vector<double> host(size_t(2 * logits.rows));
+    auto dev = pool_->allocate(host.size() * sizeof(double), "row_laws");
+    cuda::row_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, static_cast<double*>(dev.get()),
+                   stream_);
+    copy_back(host.data(), dev.get(), host.size() * sizeof(double), "row_laws");
+    for (size_t r = 0; r < out.size(); ++r) out[r] = {static_cast<float>(host[2 * r]), host[2 * r + 1]};
+    return out;
+  }
+
+  std::vector<float> scaled_at(const Tensor& logits, float inv_t,
+                               const std::vector<std::pair<int64_t, int32_t>>& at) override {
+    expect(logits, DType::F32, "scaled_at", "logits");
+    std::vector<float> out(at.size());
+    if (at.empty()) return out;
+    std::vector<int64_t> pairs;
+    for (const auto& [r, id] : at) {
+      if (r < 0 || r >= logits.rows || id < 0 || id >= logits.cols)
+        throw Error("scaled_at: (" + std::to_string(r) + ", " + std::to_string(id) + ") outside " + logits.describe());
+      pairs.push_back(r);
+      pairs.push_back(id);
+    }
+    auto dev_at = pool_->allocate(pairs.size() * sizeof(int64_t), "scaled_at");
+    auto dev_out = pool_->allocate(out.size() * sizeof(float), "scaled_at");
+    check(cudaMemcpyAsync(dev_at.get(), pairs.data(), pairs.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
+          "scaled_at", "host to device copy");
+    cuda::scaled_at(logits.ptr<float>(), logits.ld, inv_t, static_cast<const int64_t*>(dev_at.get()),
+                    static_cast<int>(at.size()), static_cast<float*>(dev_out.get()), stream_);
+    copy_back(out.data(), dev_out.get(), out.size() * sizeof(float), "scaled_at");
+    return out;
+  }
+
+  int32_t draw_from_row(const Tensor& logits, int64_t r, float inv_t, float max, double u) override {
+    expect(logits, DType::F32, "draw_from_row", "logits");
+    if (r < 0 || r >= logits.rows) throw Error("draw_from_row: row " + std::to_string(r) + " of " + logits.describe());
+    auto dev = pool_->allocate(sizeof(int32_t), "draw_from_row");
+    cuda::draw_from_row(logits.ptr<float>() + r * logits.ld, logits.cols, inv_t, max, u,
+                        static_cast<int32_t*>(dev.get()), stream_);
+    int32_t id = -1;
+    copy_back(&id, dev.get(), sizeof id, "draw_from_row");
+    return id;
+  }
+
+  int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits, int64_t rq,
+                           const RowLaw& lq, float inv_t, double u) override {
+    expect(p_logits, DType::F32, "draw_from_excess", "p logits");
+    expect(q_logits, DType::F32, "draw_from_excess", "q logits");
+    if (p_logits.cols != q_logits.cols || rp < 0 || rp >= p_logits.rows || rq < 0 || rq >= q_logits.rows)
+      throw Error("draw_from_excess: row " + std::to_string(rp) + " of " + p_logits.describe() + " against row " +
+                  std::to_string(rq) + " of " + q_logits.describe());
+    auto dev = pool_->allocate(sizeof(int32_t), "draw_from_excess");
+    cuda::draw_from_excess(p_logits.ptr<float>() + rp * p_logits.ld, q_logits.ptr<float>() + rq * q_logits.ld,
+                           p_logits.cols, inv_t, lp.max, lp.mass, lq.max, lq.mass, u, static_cast<int32_t*>(dev.get()),
+                           stream_);
+    int32_t id = -1;
+    copy_back(&id, dev.get(), sizeof id, "draw_from_excess");
+    return id;
+  }
+
   std::vector<int32_t> argmax_rows(const Tensor& x) override {
     expect(x, DType::F32, "argmax_rows", "x");
     std::vector<int32_t> out(size_t(x.rows));
@@ -546,6 +608,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Copies device results back and waits for them.
+  void copy_back(void* host, const void* dev, size_t bytes, const char* op) {
+    check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_), op, "device to host copy");
+    check(cudaStreamSynchronize(stream_), op, "synchronising the stream");
+  }
+
   // Runs `launch` into a device buffer of rows × [count, header…, ids[cap], scaled[cap]] (header
   // words: 0 for top-k, the row mass for top-p) and unpacks it: one copy back, one sync.
   template <typename Launch>

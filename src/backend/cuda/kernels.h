@@ -101,6 +101,14 @@ void top_k_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, int k, flo
 // Backend::top_p_rows likewise: per row [count, row mass as f32 bits, ids[cap], scaled[cap]].
 void top_p_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, int cap, int32_t* out,
                 cudaStream_t s);
+// Backend::row_laws, scaled_at, draw_from_row and draw_from_excess on the device (row_law.cu):
+// out of row_laws holds {max, mass} as two doubles a row; `at` holds (row, id) pairs; x, p and
+// q of the draws point at their row; each draw writes one id (−1: no weight).
+void row_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, double* out, cudaStream_t s);
+void scaled_at(const float* x, int64_t ldx, float inv_t, const int64_t* at, int count, float* out, cudaStream_t s);
+void draw_from_row(const float* x, int64_t n, float inv_t, float max, double u, int32_t* out, cudaStream_t s);
+void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, float p_max, double p_mass, float q_max,
+                      double q_mass, double u, int32_t* out, cudaStream_t s);
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, void* scratch,
                  cudaStream_t s);
