@@ -6,8 +6,9 @@
 #include <cstdint>
 #include <map>
 
-#include "engine/acceptance.h"
 #include "backend/backend.h"
+#include "engine/acceptance.h"
+#include "engine/logit_rows.h"
 #include "engine/sampling.h"
 #include "io/checkpoint.h"
 #include "test_util.h"
@@ -162,6 +163,29 @@ TEST(TopPCandidates, GiveTheWholeRowsDistribution) {
     const TokenDistribution from = distribution_of_candidates(c.ids, c.scaled, sp, c.row_mass);
     ASSERT_EQ(from.ids, whole.ids);
     for (size_t j = 0; j < whole.ids.size(); ++j) EXPECT_NEAR(from.probs[j], whole.probs[j], 1e-6f + 1e-5f * whole.probs[j]);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Temperature alone leaves rows where they are (LogitRows' DeviceRows form, here the CPU
+// backend's defaults): a row with nothing finite is an error that says so, not a token −1.
+TEST(DeviceRowLaws, ARowWithNothingFiniteIsAClearError) {
+  auto cpu = make_cpu_backend();
+  const std::vector<float> row(8, -INFINITY);
+  Tensor logits = cpu->upload(row.data(), 1, 8);
+  SamplingParams sp;
+  sp.temperature = 1.0;
+  LogitRows rows(*cpu, sp, 8);
+  rows.read(logits);
+  Rng rng(1);
+  try {
+    rows.choose(0, TokenHistory{}, rng);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no finite value"), std::string::npos) << e.what();
   }
 }
 

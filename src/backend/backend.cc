@@ -163,34 +163,40 @@ int32_t Backend::draw_from_excess(const Tensor& p_logits, int64_t rp, const RowL
       u);
 }
 
-std::vector<CandidateRow> Backend::top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count) {
-  if (logits.dtype != DType::F32) throw Error("top_p_rows: logits " + logits.describe() + " are not F32");
+namespace {
+
+// The default candidate forms: the rows downloaded, `select` run on each, a row over max_count
+// left with its count only.
+template <typename Select>
+std::vector<CandidateRow> candidates_on_host(Backend& b, const Tensor& logits, int max_count, const char* op,
+                                             Select select) {
+  if (logits.dtype != DType::F32) throw Error(std::string(op) + ": logits " + logits.describe() + " are not F32");
   std::vector<float> rows(size_t(logits.rows * logits.cols));
-  download(logits, rows.data());
+  b.download(logits, rows.data());
   std::vector<CandidateRow> out(size_t(logits.rows));
   for (int64_t r = 0; r < logits.rows; ++r) {
-    select_top_p(rows.data() + r * logits.cols, static_cast<int>(logits.cols), inv_t, top_p, out[size_t(r)]);
-    if (out[size_t(r)].count > max_count) {
-      out[size_t(r)].ids.clear();
-      out[size_t(r)].scaled.clear();
+    CandidateRow& c = out[size_t(r)];
+    select(rows.data() + r * logits.cols, static_cast<int>(logits.cols), c);
+    if (c.count > max_count) {
+      c.ids.clear();
+      c.scaled.clear();
     }
   }
   return out;
 }
 
+}  // namespace
+
+std::vector<CandidateRow> Backend::top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count) {
+  return candidates_on_host(*this, logits, max_count, "top_p_rows", [&](const float* row, int n, CandidateRow& c) {
+    select_top_p(row, n, inv_t, top_p, c);
+  });
+}
+
 std::vector<CandidateRow> Backend::top_k_rows(const Tensor& logits, int k, float inv_t, int max_count) {
-  if (logits.dtype != DType::F32) throw Error("top_k_rows: logits " + logits.describe() + " are not F32");
-  std::vector<float> rows(size_t(logits.rows * logits.cols));
-  download(logits, rows.data());
-  std::vector<CandidateRow> out(size_t(logits.rows));
-  for (int64_t r = 0; r < logits.rows; ++r) {
-    select_top_k(rows.data() + r * logits.cols, static_cast<int>(logits.cols), k, inv_t, out[size_t(r)]);
-    if (out[size_t(r)].count > max_count) {
-      out[size_t(r)].ids.clear();
-      out[size_t(r)].scaled.clear();
-    }
-  }
-  return out;
+  return candidates_on_host(*this, logits, max_count, "top_k_rows", [&](const float* row, int n, CandidateRow& c) {
+    select_top_k(row, n, k, inv_t, c);
+  });
 }
 
 void Backend::norm_rows(const Tensor& x, const Tensor& norm_w, float eps, NormedRows& out) {

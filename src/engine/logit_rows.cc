@@ -24,7 +24,12 @@ class DeviceRowLaw final : public TokenLaw {
     const float s = b_.scaled_at(logits_, inv_t_, {{r_, id}})[0];
     return std::isnan(s) ? 0.0 : std::exp(double(s) - double(law_.max)) / law_.mass;
   }
-  int32_t draw(Rng& rng) const override { return b_.draw_from_row(logits_, r_, inv_t_, law_.max, rng.uniform()); }
+  int32_t draw(Rng& rng) const override {
+    const int32_t id = b_.draw_from_row(logits_, r_, inv_t_, law_.max, rng.uniform());
+    if (id < 0) throw Error("sampling: logits row " + std::to_string(r_) + " of " + logits_.describe() +
+                            " has no finite value to draw from");
+    return id;
+  }
   int32_t draw_excess_over(const TokenLaw& q_law, Rng& rng) const override {
     const auto* q = dynamic_cast<const DeviceRowLaw*>(&q_law);
     if (!q) throw Error("acceptance: p is a row on the device, q is not");

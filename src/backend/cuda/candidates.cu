@@ -94,22 +94,12 @@ __device__ void write_in_order(int n, Walk walk, Keep keep, int cap, int32_t* co
     return true;
   });
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int incl = mine;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += y;
-  }
+  int incl = warp_inclusive_sum(mine);
   if (lane == 31) warp_total[warp] = incl;
   __syncthreads();
   if (warp == 0) {
     const int w = warp_total[lane];
-    int sum = w;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int y = __shfl_up_sync(0xffffffffu, sum, d);
-      if (lane >= d) sum += y;
-    }
+    int sum = warp_inclusive_sum(w);
     warp_total[lane] = sum - w;  // exclusive
     if (lane == 31) *count = sum;
   }
@@ -209,12 +199,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x, s = 2 * lane;
     const int a = s < slices ? p[s * per] : 0, b = s + 1 < slices ? p[(s + 1) * per] : 0;
-    int incl = a + b;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += y;
-    }
+    int incl = warp_inclusive_sum(a + b);
     start[s] = incl - a - b;
     start[s + 1] = incl - b;
     if (lane == 31) start[kMaxSlices] = incl;
@@ -329,6 +314,7 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kPer = kTopPBuckets / 32;
     const int lane = threadIdx.x;
     unsigned long long own = 0;
+#pragma unroll 4  // whole, the 64 loads went to the stack
     for (int b = 0; b < kPer; ++b) own += bucket[lane * kPer + b];
     unsigned long long beyond = own;  // lanes ≥ this one
 #pragma unroll

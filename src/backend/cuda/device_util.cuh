@@ -39,6 +39,19 @@ __device__ __forceinline__ float block_sum(float v, float* partial) {
   return total;
 }
 
+// Inclusive prefix sum over a warp's lanes (lane l gets the sum of lanes 0 … l), in the same
+// order on every call.
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T v) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const T y = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += y;
+  }
+  return v;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

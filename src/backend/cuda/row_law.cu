@@ -88,12 +88,7 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(W w, int n, double u, in
     if (v > 0) last = i;
   }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  double incl = own;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const double y = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += y;
-  }
+  double incl = warp_inclusive_sum(own);
   if (lane == 31) warp_total[warp] = incl;
   if (threadIdx.x == 0) {
     s_chunk = kThreads;
