@@ -1,13 +1,19 @@
 // Host time of token_distribution (the sampling warpers) on one row of a Qwen3-sized vocabulary,
-// for the warper settings of docs/benchmarks.md's sampling table. The row: N(0, 3²) logits
-// rounded to quarters (so ties occur), seed 5.
+// for the warper settings of docs/benchmarks.md's sampling table; then a draw through
+// LogitRows on the CPU backend (reading the row, building its law, drawing) for temperature
+// alone, with the row left where it is (DFLASH_LOGIT_ROWS=device, the GPU's form) and read
+// whole (=whole, what the CPU backend uses). The row: N(0, 3²) logits rounded to quarters (so
+// ties occur), seed 5.
 //   sampling_bench [VOCAB] [REPEATS]
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
+#include "engine/logit_rows.h"
 #include "engine/sampling.h"
 
 int main(int argc, char** argv) {
@@ -43,5 +49,24 @@ int main(int argc, char** argv) {
     std::snprintf(name, sizeof name, "T %.1f top-k %d top-p %.2f min-p %.2f", s.temperature, s.top_k, s.top_p, s.min_p);
     std::printf("%-40s %10.2f %8d\n", name, ms, kept);
   }
+  auto cpu = dflash::make_cpu_backend();
+  dflash::Tensor t = cpu->upload(logits.data(), 1, vocab);
+  dflash::SamplingParams p;
+  p.temperature = 1.0;
+  for (const bool whole : {false, true}) {
+    setenv("DFLASH_LOGIT_ROWS", whole ? "whole" : "device", 1);
+    dflash::Rng draws(1);
+    int32_t sink = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < repeats; ++r) {
+      dflash::LogitRows rows(*cpu, p, vocab);
+      rows.read(t);
+      sink ^= rows.choose(0, dflash::TokenHistory{}, draws);
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / repeats;
+    std::printf("%-40s %10.2f %8d\n", whole ? "LogitRows T 1.0, rows read whole" : "LogitRows T 1.0, rows left (device form)", ms,
+                sink);
+  }
+  unsetenv("DFLASH_LOGIT_ROWS");
   return 0;
 }

@@ -3,6 +3,7 @@
 // batch invariance. Every test skips where no GPU is visible (CI, and builds without
 // -DDFLASH_CUDA=ON). The op-by-op comparison with the CPU backend is `dflash doctor`.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -377,7 +378,7 @@ TEST(CudaSampling, CandidateFormsGiveTheWholeRowsDistribution) {
 namespace {
 
 // Temperature alone: the rows stay on the device (LogitRows' DeviceRows form). Its laws must
-// draw what the CPU backend's do from the same uniforms (both sum f64 weights, so only a
+// draw what the CPU backend's do in the same form from the same uniforms (both sum f64 weights, so only a
 // uniform within rounding of a boundary could part them), give the same p(d), and draw the
 // same replacement from the excess of one row over another.
 TEST(CudaSampling, RowsLeftOnTheDeviceDrawWhatTheHostDraws) {
@@ -391,7 +392,9 @@ TEST(CudaSampling, RowsLeftOnTheDeviceDrawWhatTheHostDraws) {
   Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
   SamplingParams sp;
   sp.temperature = 0.8;
+  setenv("DFLASH_LOGIT_ROWS", "device", 1);  // the CPU backend would read its rows whole
   LogitRows g(*backend, sp, vocab), c(*cpu, sp, vocab);
+  unsetenv("DFLASH_LOGIT_ROWS");
   g.read(on_gpu);
   c.read(on_cpu);
   Rng rg(17), rc(17);

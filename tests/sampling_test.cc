@@ -4,6 +4,7 @@
 // over the whole 32 000-token row and after top-k, and min-p.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 
 #include "backend/backend.h"
@@ -170,15 +171,17 @@ TEST(TopPCandidates, GiveTheWholeRowsDistribution) {
 
 namespace {
 
-// Temperature alone leaves rows where they are (LogitRows' DeviceRows form, here the CPU
-// backend's defaults): a row with nothing finite is an error that says so, not a token −1.
+// Temperature alone leaves rows where they are (LogitRows' DeviceRows form, forced here on the
+// CPU backend's defaults): a row with nothing finite is an error that says so, not a token −1.
 TEST(DeviceRowLaws, ARowWithNothingFiniteIsAClearError) {
+  setenv("DFLASH_LOGIT_ROWS", "device", 1);
   auto cpu = make_cpu_backend();
   const std::vector<float> row(8, -INFINITY);
   Tensor logits = cpu->upload(row.data(), 1, 8);
   SamplingParams sp;
   sp.temperature = 1.0;
   LogitRows rows(*cpu, sp, 8);
+  unsetenv("DFLASH_LOGIT_ROWS");
   rows.read(logits);
   Rng rng(1);
   try {

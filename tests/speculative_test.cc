@@ -150,6 +150,20 @@ TEST(SpeculativeSampling, DistributionEqualsPlainSampling) {
   }
 }
 
+// Temperature alone with the rows left where they are (LogitRows' DeviceRows form, which the
+// GPU uses; forced here on the CPU backend, whose defaults implement it on the host): draws,
+// p(d), q(d) and the replacement from max(0, p − q) through Backend::draw_from_row and
+// draw_from_excess.
+TEST(SpeculativeSampling, DistributionEqualsPlainSamplingWithRowsLeftInPlace) {
+  Pair pair("qwen3-vocab16-f32", "dflash-qwen3-vocab16-f32");
+  setenv("DFLASH_LOGIT_ROWS", "device", 1);
+  SamplingParams sp;
+  sp.temperature = 1.0;
+  const auto run = sample_first_three(pair, sp, 10000, nullptr);
+  unsetenv("DFLASH_LOGIT_ROWS");
+  EXPECT_GT(homogeneity_p_value(run.plain, run.spec, run.n, run.n), 0.001);
+}
+
 // A classic bug: after a rejection, draw the replacement from p instead of max(0, p − q).
 class ResampleFromTargetRule final : public AcceptanceRule {
  public:

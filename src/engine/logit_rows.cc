@@ -52,13 +52,19 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab) : backend_
     form_ = Form::TopK;
   else if (!sp.greedy() && !penalties && (sp.top_k == 0 || sp.top_k >= vocab) && sp.top_p < 1.0)
     form_ = Form::TopP;
-  else if (!sp.greedy() && !penalties && (sp.top_k == 0 || sp.top_k >= vocab) && sp.min_p == 0.0)
-    form_ = Form::DeviceRows;
   else form_ = Form::Rows;
-  // Measuring only: DFLASH_LOGIT_ROWS=whole reads every sampled row whole, as before the
-  // candidate and device forms (the same distributions; see the header).
-  if (const char* e = std::getenv("DFLASH_LOGIT_ROWS"); e && std::string(e) == "whole" && form_ != Form::Argmax)
-    form_ = Form::Rows;
+  // Temperature alone: rows stay where they are, unless they are on the host already (there
+  // the host's own pass over a row is the cheaper one: bench/sampling_bench).
+  const bool law_form = !sp.greedy() && !penalties && (sp.top_k == 0 || sp.top_k >= vocab) && sp.top_p >= 1.0 &&
+                        sp.min_p == 0.0;
+  if (law_form && b.device() != DeviceKind::CPU) form_ = Form::DeviceRows;
+  // DFLASH_LOGIT_ROWS=whole reads every sampled row whole (as before the candidate and device
+  // forms: measuring); =device keeps temperature-alone rows where they are on any backend
+  // (measuring, and the CPU tests of that form). The same distributions either way.
+  if (const char* e = std::getenv("DFLASH_LOGIT_ROWS")) {
+    if (std::string(e) == "whole" && form_ != Form::Argmax) form_ = Form::Rows;
+    if (std::string(e) == "device" && law_form) form_ = Form::DeviceRows;
+  }
 }
 
 void LogitRows::read(const Tensor& logits) {
