@@ -7,14 +7,17 @@
 //   overflow the buffer is read whole;
 // - sampling with top-p and neither top-k nor a penalty: top-p's candidates and the row's mass
 //   (Backend::top_p_rows), the nucleus and a few tokens more instead of the vocabulary;
-// - sampling with temperature alone (no top-k, top-p, min-p or penalty): no candidate set is
-//   smaller than the row, so the row stays where it is: each row's max and mass
+// - sampling with temperature alone (no top-k, top-p, min-p or penalty) on a GPU: no candidate
+//   set is smaller than the row, so the row stays where it is: each row's max and mass
 //   (Backend::row_laws), then draws, p(d) and the acceptance rule's residual computed there;
 // - otherwise the whole rows (penalties look at every logit).
-// Every form gives the distribution token_distribution() gives the whole row: the same tokens
-// with the same probabilities, except that the top-p and temperature-alone forms sum a row's
-// mass on the device in another order: their probabilities may differ in the last bits, and so,
-// rarely, a draw that falls on a boundary between two tokens.
+// Every form gives the distribution token_distribution() gives the whole row. The top-k form
+// gives the same tokens with the same probabilities. The top-p form sums the row's mass on the
+// device in another order, so its probabilities may differ in the last bits and, rarely, a
+// uniform on a boundary picks the neighbouring token. The temperature-alone form weighs tokens in
+// f64 where the whole-row path rounds each probability to f32: the same law to f32 rounding,
+// but draws from the same uniforms are not token-for-token those of the whole-row path (they are
+// those of the same form on the CPU backend: the GPU test).
 #include <cstdint>
 #include <memory>
 #include <vector>
