@@ -483,8 +483,8 @@ class Doctor {
   // Top-p candidates: the distribution the host builds from the device's candidates and row
   // mass against the one it builds from the whole row (engine/sampling.h). Rows are peaked
   // (30·u^p, p 16 … 72: nuclei of about a hundred to a thousand tokens) or, with flat, so
-  // spread that the nucleus overflows the cap: then only the count must cover the nucleus. Error: the largest relative
-  // difference of a probability, or 1 for a row whose tokens differ.
+  // spread that the nucleus overflows the cap: then only the count must cover the nucleus.
+  // Error: the largest relative difference of a probability, or 1 for a row whose tokens differ.
   void top_p(int64_t rows, int64_t cols, float top_p, float temperature, bool flat) {
     std::uniform_real_distribution<float> u(0.f, 1.f);
     std::vector<float> host(size_t(rows * cols));

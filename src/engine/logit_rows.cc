@@ -45,25 +45,25 @@ class DeviceRowLaw final : public TokenLaw {
 };
 }  // namespace
 
-LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab) : backend_(b), sp_(sp), vocab_(vocab) {
+LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
+    : backend_(b), sp_(sp), vocab_(vocab), inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)) {
   const bool penalties = sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0;
+  const bool sampled = !sp.greedy() && !penalties, every_k = sp.top_k == 0 || sp.top_k >= vocab;
+  // Temperature alone: no candidate set is smaller than the row.
+  const bool temperature_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p == 0.0;
   if (sp.argmax_only()) form_ = Form::Argmax;
-  else if (!sp.greedy() && !penalties && sp.top_k > 0 && sp.top_k <= kMaxDeviceTopK && sp.top_k < vocab)
-    form_ = Form::TopK;
-  else if (!sp.greedy() && !penalties && (sp.top_k == 0 || sp.top_k >= vocab) && sp.top_p < 1.0)
-    form_ = Form::TopP;
+  else if (sampled && !every_k && sp.top_k <= kMaxDeviceTopK) form_ = Form::TopK;
+  else if (sampled && every_k && sp.top_p < 1.0) form_ = Form::TopP;
+  // Rows stay where they are, unless they are on the host already (there the host's own pass
+  // over a row is the cheaper one: bench/sampling_bench).
+  else if (temperature_alone && b.device() != DeviceKind::CPU) form_ = Form::DeviceRows;
   else form_ = Form::Rows;
-  // Temperature alone: rows stay where they are, unless they are on the host already (there
-  // the host's own pass over a row is the cheaper one: bench/sampling_bench).
-  const bool law_form = !sp.greedy() && !penalties && (sp.top_k == 0 || sp.top_k >= vocab) && sp.top_p >= 1.0 &&
-                        sp.min_p == 0.0;
-  if (law_form && b.device() != DeviceKind::CPU) form_ = Form::DeviceRows;
   // DFLASH_LOGIT_ROWS=whole reads every sampled row whole (as before the candidate and device
   // forms: measuring); =device keeps temperature-alone rows where they are on any backend
   // (measuring, and the CPU tests of that form). The same distributions either way.
   if (const char* e = std::getenv("DFLASH_LOGIT_ROWS")) {
     if (std::string(e) == "whole" && form_ != Form::Argmax) form_ = Form::Rows;
-    if (std::string(e) == "device" && law_form) form_ = Form::DeviceRows;
+    if (std::string(e) == "device" && temperature_alone) form_ = Form::DeviceRows;
   }
 }
 
@@ -79,15 +79,13 @@ void LogitRows::read(const Tensor& logits) {
       argmax_ = backend_.argmax_rows(logits);
       break;
     case Form::TopK:
-      candidates_ =
-          backend_.top_k_rows(logits, sp_.top_k, static_cast<float>(1.0 / sp_.temperature), 4 * sp_.top_k + 64);
+      candidates_ = backend_.top_k_rows(logits, sp_.top_k, inv_t_, 4 * sp_.top_k + 64);
       break;
     case Form::TopP:
-      candidates_ = backend_.top_p_rows(logits, static_cast<float>(1.0 / sp_.temperature),
-                                        static_cast<float>(sp_.top_p), kMaxTopPCandidates);
+      candidates_ = backend_.top_p_rows(logits, inv_t_, static_cast<float>(sp_.top_p), kMaxTopPCandidates);
       break;
     case Form::DeviceRows:
-      row_laws_ = backend_.row_laws(logits, static_cast<float>(1.0 / sp_.temperature));
+      row_laws_ = backend_.row_laws(logits, inv_t_);
       break;
     case Form::Rows:
       rows_.resize(size_t(logits.rows * logits.cols));
@@ -110,8 +108,7 @@ const TokenLaw& LogitRows::law(int r, const TokenHistory& h) {
   std::unique_ptr<TokenLaw>& law = laws_[size_t(r)];
   if (law) return *law;
   if (form_ == Form::DeviceRows) {
-    law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, static_cast<float>(1.0 / sp_.temperature),
-                                         row_laws_[size_t(r)]);
+    law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, inv_t_, row_laws_[size_t(r)]);
   } else if ((form_ == Form::TopK || form_ == Form::TopP) && !candidates_[size_t(r)].ids.empty()) {
     const CandidateRow& c = candidates_[size_t(r)];
     law = std::make_unique<SupportLaw>(distribution_of_candidates(c.ids, c.scaled, sp_, c.row_mass));

@@ -45,6 +45,7 @@ class LogitRows {
   Backend& backend_;
   SamplingParams sp_;
   int vocab_;
+  float inv_t_;  // 1 / temperature, as the candidate forms scale logits
   Form form_;
   Tensor logits_;
   std::vector<int32_t> argmax_;

@@ -35,8 +35,8 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   auto history = [&](const int32_t* extra, int count) {  // penalties see committed + drafted tokens
     return TokenHistory{&r.prompt, &out.tokens(), extra, count};
   };
-  // Rows leave the device as token ids (plain greedy), top-k survivors or whole rows
-  // (logit_rows.h): a greedy verification step moves B token ids instead of B·vocab floats.
+  // Rows leave the device in the least the sampler needs (logit_rows.h): a greedy verification
+  // step moves B token ids instead of B·vocab floats, a sampled one candidates or single draws.
   LogitRows target_rows(b, sp, vocab), draft_rows(b, sp, vocab);
   auto choose_last = [&](const Tensor& last_logits) {
     target_rows.read(last_logits);

@@ -90,8 +90,6 @@ void copy_convert(const void* src, int64_t lds, Elem src_elem, void* dst, int64_
                   int64_t cols, cudaStream_t s);
 void add(const void* x, int64_t ldx, Elem x_elem, void* y, int64_t ldy, Elem y_elem, int64_t rows, int64_t cols,
          cudaStream_t s);
-// out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of
-// only -inf / NaN). Needs `scratch` of argmax_scratch_bytes() for the per-slice partial results.
 // Backend::top_k_rows on the device (candidates.cu), 1 ≤ k: per row, out holds [count,
 // ids[cap], scaled[cap] as f32 bits]; survivors past cap are counted, not stored. Needs
 // `scratch` of top_k_scratch_bytes() (0 for short rows) for the slices' survivors.
@@ -109,6 +107,8 @@ void scaled_at(const float* x, int64_t ldx, float inv_t, const int64_t* at, int 
 void draw_from_row(const float* x, int64_t n, float inv_t, float max, double u, int32_t* out, cudaStream_t s);
 void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, float p_max, double p_mass, float q_max,
                       double q_mass, double u, int32_t* out, cudaStream_t s);
+// out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of
+// only -inf / NaN). Needs `scratch` of argmax_scratch_bytes() for the per-slice partial results.
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, void* scratch,
                  cudaStream_t s);
