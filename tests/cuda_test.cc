@@ -410,6 +410,24 @@ TEST(CudaSampling, RowsLeftOnTheDeviceDrawWhatTheHostDraws) {
       for (int i = 0; i < 20; ++i) ASSERT_EQ(lg.draw_excess_over(qg, rg), lc.draw_excess_over(qc, rc)) << "row " << r;
     }
   }
+  // Every row drawn in one call (a drafted block), then p(d) of other ids fetched in one call.
+  auto no_history = [](int) { return TokenHistory{}; };
+  for (int round = 0; round < 10; ++round) {
+    g.read(on_gpu);
+    c.read(on_cpu);
+    std::vector<int32_t> dg(rows), dc(rows), other(rows);
+    g.choose_rows(dg.data(), rows, no_history, rg);
+    c.choose_rows(dc.data(), rows, no_history, rc);
+    ASSERT_EQ(dg, dc) << "round " << round;
+    for (int r = 0; r < rows; ++r) other[size_t(r)] = (dg[size_t(r)] + 1000 * (r + 1)) % vocab;
+    g.look_up(other.data(), rows);
+    c.look_up(other.data(), rows);
+    for (int r = 0; r < rows; ++r) {
+      const double pd = c.law(r, TokenHistory{}).prob(dc[size_t(r)]), po = c.law(r, TokenHistory{}).prob(other[size_t(r)]);
+      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(dg[size_t(r)]), pd, 1e-12 * pd);
+      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(other[size_t(r)]), po, 1e-12 * po);
+    }
+  }
 }
 
 }  // namespace

@@ -192,4 +192,40 @@ TEST(DeviceRowLaws, ARowWithNothingFiniteIsAClearError) {
   }
 }
 
+// A block's drafts drawn in one call (choose_rows) are the tokens of one draw a row from the
+// same generator, and the drawn tokens' probabilities and those fetched by look_up are the
+// ones the laws compute on their own.
+TEST(DeviceRowLaws, ABlockDrawnInOneCallIsTheSingleDrawsTokens) {
+  auto cpu = make_cpu_backend();
+  const int rows = 6, vocab = 300;
+  std::vector<float> host;
+  for (int r = 0; r < rows; ++r) {
+    const auto l = golden_logits(r, vocab);
+    host.insert(host.end(), l.begin(), l.end());
+  }
+  Tensor logits = cpu->upload(host.data(), rows, vocab);
+  SamplingParams sp;
+  sp.temperature = 0.7;
+  setenv("DFLASH_LOGIT_ROWS", "device", 1);
+  LogitRows block(*cpu, sp, vocab), single(*cpu, sp, vocab), fresh(*cpu, sp, vocab);
+  unsetenv("DFLASH_LOGIT_ROWS");
+  for (int round = 0; round < 20; ++round) {
+    block.read(logits);
+    single.read(logits);
+    fresh.read(logits);
+    Rng a(100 + round), b(100 + round);
+    std::vector<int32_t> drawn(rows), again(rows);
+    block.choose_rows(drawn.data(), rows, [](int) { return TokenHistory{}; }, a);
+    for (int r = 0; r < rows; ++r) {
+      ASSERT_EQ(drawn[size_t(r)], single.law(r, TokenHistory{}).draw(b)) << "round " << round << ", row " << r;
+      EXPECT_EQ(block.law(r, TokenHistory{}).prob(drawn[size_t(r)]), fresh.law(r, TokenHistory{}).prob(drawn[size_t(r)]));
+      again[size_t(r)] = (drawn[size_t(r)] + 7 * r + 1) % vocab;  // other ids, fetched in one call
+    }
+    EXPECT_EQ(a.uniform(), b.uniform()) << "the block took another number of uniforms";
+    single.look_up(again.data(), rows);
+    for (int r = 0; r < rows; ++r)
+      EXPECT_EQ(single.law(r, TokenHistory{}).prob(again[size_t(r)]), fresh.law(r, TokenHistory{}).prob(again[size_t(r)]));
+  }
+}
+
 }  // namespace

@@ -88,13 +88,13 @@ std::vector<float> host_row(Backend& b, const Tensor& logits, int64_t r, const c
   return row;
 }
 
-// exp(scaled − max) in f64, 0 for NaN: each token's weight in its row's law. (In f32 the
+// exp(scaled − max) in f64, 0 for NaN and −inf: each token's weight in its row's law. (In f32 the
 // device's expf and the host's may differ by an ulp, and summed over a vocabulary such
 // differences move every boundary of the cumulative sums: the backends' draws would part far
 // more often than f64 rounding makes them.)
 inline double weight(float logit, float inv_t, float max) {
   const float s = logit * inv_t;
-  return std::isnan(s) ? 0.0 : std::exp(double(s) - double(max));
+  return std::isnan(s) || s == -INFINITY ? 0.0 : std::exp(double(s) - double(max));
 }
 
 // The first i at which Σ_{j ≤ i} w(j) exceeds u · Σ w, summed in id order; the last i with
@@ -145,9 +145,18 @@ std::vector<float> Backend::scaled_at(const Tensor& logits, float inv_t,
   return out;
 }
 
-int32_t Backend::draw_from_row(const Tensor& logits, int64_t r, float inv_t, float max, double u) {
-  const auto row = host_row(*this, logits, r, "draw_from_row");
-  return draw_by_weights(logits.cols, [&](int64_t i) { return weight(row[size_t(i)], inv_t, max); }, u);
+std::vector<RowDraw> Backend::draw_from_rows(const Tensor& logits, float inv_t, const std::vector<float>& max,
+                                             const std::vector<double>& u) {
+  if (max.size() != u.size() || int64_t(u.size()) > logits.rows)
+    throw Error("draw_from_rows: " + std::to_string(u.size()) + " uniforms and " + std::to_string(max.size()) +
+                " maxima for " + logits.describe());
+  std::vector<RowDraw> out(u.size());
+  for (size_t r = 0; r < u.size(); ++r) {
+    const auto row = host_row(*this, logits, int64_t(r), "draw_from_rows");
+    const int32_t id = draw_by_weights(logits.cols, [&](int64_t i) { return weight(row[size_t(i)], inv_t, max[r]); }, u[r]);
+    out[r] = {id, id < 0 ? 0.f : row[size_t(id)] * inv_t};
+  }
+  return out;
 }
 
 int32_t Backend::draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,

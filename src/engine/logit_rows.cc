@@ -13,28 +13,38 @@ namespace {
 constexpr int kMaxDeviceTopK = 1024;
 // Top-p candidates a row may bring back; a row with more (a flat distribution) is read whole.
 constexpr int kMaxTopPCandidates = 2048;
+}  // namespace
 
 // Row r of logits left on the device, as a law: p(id) from the row's max and mass and the logit
 // there; draws and the excess over another such row drawn there, with the host's uniforms.
+// Scaled logits already fetched (a drawn token's, look_up's) are kept, so p(d) and q(d) need no
+// trip of their own.
 class DeviceRowLaw final : public TokenLaw {
  public:
   DeviceRowLaw(Backend& b, Tensor logits, int64_t r, float inv_t, RowLaw law)
       : b_(b), logits_(std::move(logits)), r_(r), inv_t_(inv_t), law_(law) {}
   double prob(int32_t id) const override {
-    const float s = b_.scaled_at(logits_, inv_t_, {{r_, id}})[0];
+    const auto known = std::find_if(known_.begin(), known_.end(), [&](const auto& k) { return k.first == id; });
+    const float s = known != known_.end() ? known->second : b_.scaled_at(logits_, inv_t_, {{r_, id}})[0];
     return std::isnan(s) ? 0.0 : std::exp(double(s) - double(law_.max)) / law_.mass;
   }
   int32_t draw(Rng& rng) const override {
-    const int32_t id = b_.draw_from_row(logits_, r_, inv_t_, law_.max, rng.uniform());
-    if (id < 0) throw Error("sampling: logits row " + std::to_string(r_) + " of " + logits_.describe() +
-                            " has no finite value to draw from");
-    return id;
+    return take(b_.draw_from_rows(logits_.slice_rows(r_, 1), inv_t_, {law_.max}, {rng.uniform()})[0]);
   }
   int32_t draw_excess_over(const TokenLaw& q_law, Rng& rng) const override {
     const auto* q = dynamic_cast<const DeviceRowLaw*>(&q_law);
     if (!q) throw Error("acceptance: p is a row on the device, q is not");
     return b_.draw_from_excess(logits_, r_, law_, q->logits_, q->r_, q->law_, inv_t_, rng.uniform());
   }
+  // A draw made for this row elsewhere (LogitRows::choose_rows): its token, its scaled logit kept.
+  int32_t take(const RowDraw& d) const {
+    if (d.id < 0)
+      throw Error("sampling: logits row " + std::to_string(r_) + " of " + logits_.describe() +
+                  " has no finite value to draw from");
+    know(d.id, d.scaled);
+    return d.id;
+  }
+  void know(int32_t id, float scaled) const { known_.emplace_back(id, scaled); }
 
  private:
   Backend& b_;
@@ -42,8 +52,9 @@ class DeviceRowLaw final : public TokenLaw {
   int64_t r_;
   float inv_t_;
   RowLaw law_;
+  mutable std::vector<std::pair<int32_t, float>> known_;  // a few ids a step: a list is enough
 };
-}  // namespace
+
 
 LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
     : backend_(b), sp_(sp), vocab_(vocab), inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)) {
@@ -116,6 +127,31 @@ const TokenLaw& LogitRows::law(int r, const TokenHistory& h) {
     law = std::make_unique<SupportLaw>(token_distribution(row(r), vocab_, sp_, h));
   }
   return *law;
+}
+
+const DeviceRowLaw& LogitRows::device_law(int r) { return static_cast<const DeviceRowLaw&>(law(r, {})); }
+
+void LogitRows::choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng) {
+  if (form_ == Form::DeviceRows) {
+    std::vector<float> max(static_cast<size_t>(n));
+    std::vector<double> u(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      max[size_t(r)] = row_laws_[size_t(r)].max;
+      u[size_t(r)] = rng.uniform();  // one each, in row order: what n single draws would take
+    }
+    const std::vector<RowDraw> drawn = backend_.draw_from_rows(logits_, inv_t_, max, u);
+    for (int r = 0; r < n; ++r) out[r] = device_law(r).take(drawn[size_t(r)]);
+    return;
+  }
+  for (int r = 0; r < n; ++r) out[r] = sp_.greedy() ? choose(r, history(r), rng) : law(r, history(r)).draw(rng);
+}
+
+void LogitRows::look_up(const int32_t* ids, int n) {
+  if (form_ != Form::DeviceRows || n == 0) return;
+  std::vector<std::pair<int64_t, int32_t>> at;
+  for (int r = 0; r < n; ++r) at.emplace_back(r, ids[r]);
+  const std::vector<float> scaled = backend_.scaled_at(logits_, inv_t_, at);
+  for (int r = 0; r < n; ++r) device_law(r).know(ids[r], scaled[size_t(r)]);
 }
 
 int32_t LogitRows::choose(int r, const TokenHistory& h, Rng& rng) {

@@ -19,6 +19,7 @@
 // but draws from the same uniforms are not token-for-token those of the whole-row path (they are
 // those of the same form on the CPU backend: the GPU test).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,12 +28,22 @@
 
 namespace dflash {
 
+class DeviceRowLaw;  // a row left on the device, as a law (logit_rows.cc)
+
 class LogitRows {
  public:
   LogitRows(Backend& b, const SamplingParams& sp, int vocab);
   void read(const Tensor& logits);
   // The token row `r` yields under the sampling parameters (a draw from rng when sampling).
   int32_t choose(int r, const TokenHistory& h, Rng& rng);
+  // Rows 0 … n − 1 one after another, as choose() would (sampled rows from law(r).draw), the
+  // tokens going to out; history(r) sees out[0 … r). In the DeviceRows form the n uniforms are
+  // taken first, in row order, and the device draws every row in one call: the same tokens as
+  // n draws, without n round trips.
+  void choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng);
+  // Row r's law will be asked for p(ids[r]), r < n: in the DeviceRows form they are fetched now
+  // in one call (the acceptance rule's p(d) for a whole block); a no-op in the other forms.
+  void look_up(const int32_t* ids, int n);
   // The law row `r` is sampled from (speculative sampling's p and q); valid until the next read().
   const TokenLaw& law(int r, const TokenHistory& h);
   // The row's largest logit (benchmark-only forced acceptance).
@@ -41,6 +52,7 @@ class LogitRows {
  private:
   enum class Form { Argmax, TopK, TopP, DeviceRows, Rows };
   const float* row(int r);  // the whole row, downloaded on first use where the form lacks it
+  const DeviceRowLaw& device_law(int r);  // law(r) in the DeviceRows form
 
   Backend& backend_;
   SamplingParams sp_;

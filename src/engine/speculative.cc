@@ -85,20 +85,18 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     block[0] = anchor;
     q.resize(B);
     draft_rows.read(dl);
-    for (int i = 1; i < B; ++i) {
-      if (greedy) {
-        block[i] = draft_rows.choose(i - 1, history(block.data() + 1, i - 1), rng);
-      } else {
-        q[i] = &draft_rows.law(i - 1, history(block.data() + 1, i - 1));
-        block[i] = q[i]->draw(rng);
-      }
-    }
+    // d_i from row i − 1, in order (a sampled d_i is a draw from q_i); one call for the block
+    // where the rows stay on the device.
+    draft_rows.choose_rows(block.data() + 1, B - 1, [&](int row) { return history(block.data() + 1, row); }, rng);
+    if (!greedy)
+      for (int i = 1; i < B; ++i) q[i] = &draft_rows.law(i - 1, history(block.data() + 1, i - 1));
     const double draft_seconds = draft_time.seconds();
 
     // Section 5: the target runs the block causally; row i − 1 predicts position s + i.
     Stopwatch verify_time;
     ForwardOutput v = target_.forward(target_state, block, true, feature_layers);
     target_rows.read(v.logits);
+    if (!greedy) target_rows.look_up(block.data() + 1, B - 1);  // every p(d_i) in one trip
     // Greedy acceptance against the target's choice of row i − 1, however it was computed.
     auto target_choice = [&](int row_index) {
       return target_rows.choose(row_index, history(block.data() + 1, row_index), rng);

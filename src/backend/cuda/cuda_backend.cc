@@ -536,8 +536,9 @@ class CudaBackend final : public Backend {
     if (logits.rows == 0) return out;
     std::vector<double> host(size_t(2 * logits.rows));
     auto dev = pool_->allocate(host.size() * sizeof(double), "row_laws");
+    auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(logits.rows, logits.cols), "row_laws");
     cuda::row_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, static_cast<double*>(dev.get()),
-                   stream_);
+                   scratch.get(), stream_);
     copy_back(host.data(), dev.get(), host.size() * sizeof(double), "row_laws");
     for (size_t r = 0; r < out.size(); ++r) out[r] = {static_cast<float>(host[2 * r]), host[2 * r + 1]};
     return out;
@@ -565,15 +566,36 @@ class CudaBackend final : public Backend {
     return out;
   }
 
-  int32_t draw_from_row(const Tensor& logits, int64_t r, float inv_t, float max, double u) override {
-    expect(logits, DType::F32, "draw_from_row", "logits");
-    if (r < 0 || r >= logits.rows) throw Error("draw_from_row: row " + std::to_string(r) + " of " + logits.describe());
-    auto dev = pool_->allocate(sizeof(int32_t), "draw_from_row");
-    cuda::draw_from_row(logits.ptr<float>() + r * logits.ld, logits.cols, inv_t, max, u,
-                        static_cast<int32_t*>(dev.get()), stream_);
-    int32_t id = -1;
-    copy_back(&id, dev.get(), sizeof id, "draw_from_row");
-    return id;
+  std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<float>& max,
+                                      const std::vector<double>& u) override {
+    expect(logits, DType::F32, "draw_from_rows", "logits");
+    if (max.size() != u.size() || int64_t(u.size()) > logits.rows)
+      throw Error("draw_from_rows: " + std::to_string(u.size()) + " uniforms and " + std::to_string(max.size()) +
+                  " maxima for " + logits.describe());
+    const size_t n = u.size();
+    std::vector<RowDraw> out(n);
+    if (n == 0) return out;
+    // One copy in (uniforms, then maxima) and one back (ids, then scaled logits).
+    std::vector<char> in(n * (sizeof(double) + sizeof(float)));
+    std::memcpy(in.data(), u.data(), n * sizeof(double));
+    std::memcpy(in.data() + n * sizeof(double), max.data(), n * sizeof(float));
+    auto dev_in = pool_->allocate(in.size(), "draw_from_rows");
+    auto dev_out = pool_->allocate(n * (sizeof(int32_t) + sizeof(float)), "draw_from_rows");
+    check(cudaMemcpyAsync(dev_in.get(), in.data(), in.size(), cudaMemcpyHostToDevice, stream_), "draw_from_rows",
+          "host to device copy");
+    auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(int64_t(n), logits.cols), "draw_from_rows");
+    auto* ids = static_cast<int32_t*>(dev_out.get());
+    cuda::draw_from_rows(logits.ptr<float>(), logits.ld, int64_t(n), logits.cols, inv_t,
+                         reinterpret_cast<const float*>(static_cast<const char*>(dev_in.get()) + n * sizeof(double)),
+                         static_cast<const double*>(dev_in.get()), ids, reinterpret_cast<float*>(ids + n), scratch.get(),
+                         stream_);
+    std::vector<int32_t> host(2 * n);
+    copy_back(host.data(), dev_out.get(), host.size() * sizeof(int32_t), "draw_from_rows");
+    for (size_t r = 0; r < n; ++r) {
+      out[r].id = host[r];
+      std::memcpy(&out[r].scaled, &host[n + r], sizeof(float));
+    }
+    return out;
   }
 
   int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits, int64_t rq,
@@ -584,9 +606,10 @@ class CudaBackend final : public Backend {
       throw Error("draw_from_excess: row " + std::to_string(rp) + " of " + p_logits.describe() + " against row " +
                   std::to_string(rq) + " of " + q_logits.describe());
     auto dev = pool_->allocate(sizeof(int32_t), "draw_from_excess");
+    auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(1, p_logits.cols), "draw_from_excess");
     cuda::draw_from_excess(p_logits.ptr<float>() + rp * p_logits.ld, q_logits.ptr<float>() + rq * q_logits.ld,
                            p_logits.cols, inv_t, lp.max, lp.mass, lq.max, lq.mass, u, static_cast<int32_t*>(dev.get()),
-                           stream_);
+                           scratch.get(), stream_);
     int32_t id = -1;
     copy_back(&id, dev.get(), sizeof id, "draw_from_excess");
     return id;
