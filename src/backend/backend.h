@@ -152,11 +152,6 @@ class Backend {
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
                                   int64_t head_dim, const RopeTable& table, Tensor& k_dst, Tensor& v_dst);
-  // A hint: w is the weight of the product after the next qk_norm_rope_store and attention
-  // (o_proj). Those two ops read a few MB and leave memory idle for their whole latency, so a
-  // backend may start fetching w into a cache when qk_norm_rope_store starts. Changes no
-  // result; the next qk_norm_rope_store consumes it. The default ignores it.
-  virtual void fetch_ahead(const Tensor& w) { (void)w; }
 };
 
 // The shape of several checkpoint tensors concatenated along rows (a fused projection; a 1-D

@@ -74,7 +74,6 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
   b.matmul_normed(normed, w.qkv_proj, qkv);
   Tensor q = qkv.slice_cols(0, q_cols);
   Tensor k_dst = cache.k.slice_rows(kv_pos0, T), v_dst = cache.v.slice_rows(kv_pos0, T);
-  b.fetch_ahead(w.o_proj);  // memory would idle through q/k-norm and attention
   b.qk_norm_rope_store(q, qkv.slice_cols(q_cols, kv_cols), qkv.slice_cols(q_cols + kv_cols, kv_cols), w.q_norm,
                        w.k_norm, eps, q_pos, D, rope, k_dst, v_dst);
   b.attention(q, cache.k, cache.v, kv_len, q_pos[0], D, mask, attn);

@@ -420,16 +420,7 @@ class CudaBackend final : public Backend {
                              k_norm.ptr<float>(), eps, T, head_dim, static_cast<const int32_t*>(dev_pos.get()),
                              positions[0], static_cast<const float*>(e.cos.get()),
                              static_cast<const float*>(e.sin.get()), k_dst.data, k_dst.ld, v_dst.data, v_dst.ld,
-                             fetch_.data, fetch_.bytes, stream_);
-    fetch_ = {};
-  }
-
-  void fetch_ahead(const Tensor& w) override {
-    static const bool enabled = [] {
-      const char* e = std::getenv("DFLASH_FETCH_AHEAD");
-      return !(e && std::strcmp(e, "0") == 0);
-    }();
-    if (enabled && w.weight && w.contiguous()) fetch_ = {w.data, w.nbytes()};
+                             stream_);
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
@@ -735,10 +726,6 @@ class CudaBackend final : public Backend {
   size_t next_slot_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
-  struct {
-    const void* data = nullptr;
-    int64_t bytes = 0;
-  } fetch_;  // fetch_ahead's weight, for the next qk_norm_rope_store
 };
 
 int visible_devices() {

@@ -122,17 +122,6 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[4], const void* sme
 #endif
 }
 
-// Starts fetching bytes [p, p + bytes) into L2 and returns at once (sm_90's bulk prefetch: no
-// registers or shared memory held while it runs). p and bytes must be multiples of 16. No-op
-// before sm_90.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  (void)p, (void)bytes;
-#endif
-}
-
 // Programmatic dependent launch (sm_90; launch.cuh sets it up on the host). A kernel may be
 // started while the one before it in the stream is still running: everything before
 // grid_dependency_begin() must touch no memory that an earlier kernel writes (the first loads

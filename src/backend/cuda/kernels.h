@@ -119,13 +119,10 @@ size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, void* scratch,
                  cudaStream_t s);
 // Backend::qk_norm_rope_store on bf16 q [rows, hq·D] (in place; hq may be 0), k and v
-// [rows, hkv·D] into k_dst and v_dst; f32 norm weights [D]; positions as in rope(). Once the
-// kernel ahead of it is done it starts fetching [fetch, fetch + fetch_bytes) into L2 (none
-// when fetch is null; Backend::fetch_ahead).
+// [rows, hkv·D] into k_dst and v_dst; f32 norm weights [D]; positions as in rope().
 void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t ldk, const void* v, int64_t ldv,
                         int64_t hkv, const float* q_norm, const float* k_norm, float eps, int64_t rows,
                         int64_t head_dim, const int32_t* positions, int64_t pos0, const float* cos, const float* sin,
-                        void* k_dst, int64_t ldkd, void* v_dst, int64_t ldvd, const void* fetch, int64_t fetch_bytes,
-                        cudaStream_t s);
+                        void* k_dst, int64_t ldkd, void* v_dst, int64_t ldvd, cudaStream_t s);
 
 }  // namespace dflash::cuda

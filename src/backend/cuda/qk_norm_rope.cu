@@ -13,23 +13,13 @@
 namespace dflash::cuda {
 namespace {
 
-constexpr int64_t kFetchPiece = 16 << 10;  // bytes a thread fetches ahead
-
 __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq, const __nv_bfloat16* k,
                                           int64_t ldk, const __nv_bfloat16* v, int64_t ldv, int hkv,
                                           const float* q_norm, const float* k_norm, float eps, int D,
                                           const int32_t* positions, int64_t pos0, const float* cos,
                                           const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
-                                          __nv_bfloat16* v_dst, int64_t ldvd, const char* fetch,
-                                          int64_t fetch_bytes) {
+                                          __nv_bfloat16* v_dst, int64_t ldvd) {
   grid_dependency_begin();
-  // Backend::fetch_ahead: the product before this kernel is done, so memory is idle until the
-  // product after attention; every thread starts one piece of that product's weight into L2.
-  for (int64_t at = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kFetchPiece; at < fetch_bytes;
-       at += int64_t(gridDim.x) * blockDim.x * kFetchPiece) {
-    const int64_t left = fetch_bytes - at;
-    prefetch_l2(fetch + at, static_cast<uint32_t>(left < kFetchPiece ? left : kFetchPiece));
-  }
   const int heads = hq + 2 * hkv;
   const int64_t r = blockIdx.x / heads;
   const int h = blockIdx.x % heads;
@@ -72,8 +62,7 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
 void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t ldk, const void* v, int64_t ldv,
                         int64_t hkv, const float* q_norm, const float* k_norm, float eps, int64_t rows,
                         int64_t head_dim, const int32_t* positions, int64_t pos0, const float* cos, const float* sin,
-                        void* k_dst, int64_t ldkd, void* v_dst, int64_t ldvd, const void* fetch, int64_t fetch_bytes,
-                        cudaStream_t s) {
+                        void* k_dst, int64_t ldkd, void* v_dst, int64_t ldvd, cudaStream_t s) {
   if (head_dim > 512 || head_dim % 2) throw Error("cuda qk_norm_rope_store: head_dim " + std::to_string(head_dim));
   const int64_t blocks = rows * (hq + 2 * hkv);
   if (blocks == 0) return;
@@ -82,7 +71,7 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
       static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
       static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
       static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
-      static_cast<__nv_bfloat16*>(v_dst), ldvd, static_cast<const char*>(fetch), fetch ? fetch_bytes / 16 * 16 : 0);
+      static_cast<__nv_bfloat16*>(v_dst), ldvd);
 }
 
 }  // namespace dflash::cuda
