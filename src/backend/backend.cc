@@ -117,18 +117,24 @@ int32_t draw_by_weights(int64_t n, W w, double u) {
   return last;
 }
 
+// A row's law: its max scaled logit (NaN skipped) and mass, each weight in f64.
+RowLaw law_of(const std::vector<float>& row, float inv_t) {
+  float mx = -INFINITY;
+  for (float v : row) mx = std::max(mx, v * inv_t);
+  double mass = 0;
+  for (float v : row) mass += weight(v, inv_t, mx);
+  return {mx, mass};
+}
 }  // namespace
 
-std::vector<RowLaw> Backend::row_laws(const Tensor& logits, float inv_t) {
-  std::vector<RowLaw> out(size_t(logits.rows));
-  for (int64_t r = 0; r < logits.rows; ++r) {
-    const auto row = host_row(*this, logits, r, "row_laws");
-    float mx = -INFINITY;
-    for (float v : row) mx = std::max(mx, v * inv_t);
-    double mass = 0;
-    for (float v : row) mass += weight(v, inv_t, mx);
-    out[size_t(r)] = {mx, mass};
-  }
+RowLaws Backend::row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids) {
+  if (int64_t(ids.size()) > logits.rows)
+    throw Error("row_laws: " + std::to_string(ids.size()) + " ids for " + logits.describe());
+  RowLaws out;
+  for (int64_t r = 0; r < logits.rows; ++r) out.law.push_back(law_of(host_row(*this, logits, r, "row_laws"), inv_t));
+  std::vector<std::pair<int64_t, int32_t>> at;
+  for (size_t r = 0; r < ids.size(); ++r) at.emplace_back(int64_t(r), ids[r]);
+  out.scaled = scaled_at(logits, inv_t, at);
   return out;
 }
 
@@ -145,16 +151,15 @@ std::vector<float> Backend::scaled_at(const Tensor& logits, float inv_t,
   return out;
 }
 
-std::vector<RowDraw> Backend::draw_from_rows(const Tensor& logits, float inv_t, const std::vector<float>& max,
-                                             const std::vector<double>& u) {
-  if (max.size() != u.size() || int64_t(u.size()) > logits.rows)
-    throw Error("draw_from_rows: " + std::to_string(u.size()) + " uniforms and " + std::to_string(max.size()) +
-                " maxima for " + logits.describe());
+std::vector<RowDraw> Backend::draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u) {
+  if (int64_t(u.size()) > logits.rows)
+    throw Error("draw_from_rows: " + std::to_string(u.size()) + " uniforms for " + logits.describe());
   std::vector<RowDraw> out(u.size());
   for (size_t r = 0; r < u.size(); ++r) {
     const auto row = host_row(*this, logits, int64_t(r), "draw_from_rows");
-    const int32_t id = draw_by_weights(logits.cols, [&](int64_t i) { return weight(row[size_t(i)], inv_t, max[r]); }, u[r]);
-    out[r] = {id, id < 0 ? 0.f : row[size_t(id)] * inv_t};
+    const RowLaw law = law_of(row, inv_t);
+    const int32_t id = draw_by_weights(logits.cols, [&](int64_t i) { return weight(row[size_t(i)], inv_t, law.max); }, u[r]);
+    out[r] = {id, id < 0 ? 0.f : row[size_t(id)] * inv_t, law};
   }
   return out;
 }

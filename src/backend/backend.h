@@ -68,9 +68,14 @@ struct RowLaw {
   float max = 0.f;
   double mass = 0.0;
 };
+struct RowLaws {
+  std::vector<RowLaw> law;    // a row each
+  std::vector<float> scaled;  // scaled[r]: the scaled logit at the id asked for in row r
+};
 struct RowDraw {
   int32_t id = -1;
   float scaled = 0.f;  // the drawn id's scaled logit
+  RowLaw law;          // the row's law, which the draw computed first
 };
 
 class Backend {
@@ -115,19 +120,22 @@ class Backend {
   // top-p without top-k moves the nucleus and a few more tokens instead of the row; overflow as
   // in top_k_rows. The default downloads the rows and runs select_top_p.
   virtual std::vector<CandidateRow> top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count);
-  // Sampling from whole rows without moving them: each row's law (its max scaled logit, NaN
-  // skipped, and mass Σ exp(scaled − max) in f64); the scaled logit at (row, id) pairs; one
-  // draw from each of rows 0 … u.size() − 1, row r with its law's max[r] and the uniform u[r]:
-  // the first id at which Σ_{j ≤ id} exp(scaled_j − max) exceeds u times the whole sum (both
-  // summed by the draw, in one order), with the scaled logit there (a step's drafts in one
-  // call, and q(d) without a second trip); a draw from normalise(max(0, p − q)), p row rp of
-  // p_logits and q row rq of q_logits with their laws, likewise. A draw from nothing (every
-  // weight 0) is id −1. The defaults download the rows and work on the host.
+  // Sampling from whole rows without moving them, each op one trip to the device:
+  // - row_laws: each row's law (its max scaled logit, NaN skipped, and mass Σ exp(scaled − max)
+  //   in f64), and the scaled logit at ids[r] of each row r < ids.size() (a verification's p(d));
+  // - scaled_at: the scaled logit at (row, id) pairs;
+  // - draw_from_rows: one draw from each of rows 0 … u.size() − 1 under its law, row r with the
+  //   uniform u[r]: the first id at which Σ_{j ≤ id} exp(scaled_j − max) exceeds u times the
+  //   whole sum (both summed by the draw, in one order), with the scaled logit there and the
+  //   row's law (a step's drafts and their q(d) in one call);
+  // - draw_from_excess: a draw from normalise(max(0, p − q)), p row rp of p_logits and q row rq
+  //   of q_logits with their laws, likewise.
+  // A draw from nothing (every weight 0) is id −1. The defaults download the rows and work on
+  // the host.
+  virtual RowLaws row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids);
   virtual std::vector<float> scaled_at(const Tensor& logits, float inv_t,
                                        const std::vector<std::pair<int64_t, int32_t>>& at);
-  virtual std::vector<RowLaw> row_laws(const Tensor& logits, float inv_t);
-  virtual std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<float>& max,
-                                              const std::vector<double>& u);
+  virtual std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u);
   virtual int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,
                                    int64_t rq, const RowLaw& lq, float inv_t, double u);
 

@@ -454,21 +454,15 @@ class Doctor {
     auto host = random(rows * cols, 8.0f);
     for (auto& v : host) v = std::round(v * 4.0f) / 4.0f;
     if (cols > 8) host[3] = std::nanf("");
-    Tensor xt = t_.upload(host.data(), rows, cols);
+    Tensor xt = t_.upload(host.data(), rows, cols), xr = r_.upload(host.data(), rows, cols);
     const float inv_t = 1.0f / temperature;
     const int cap = 4 * k + 64;
-    const auto got = t_.top_k_rows(xt, k, inv_t, cap);
+    const auto got = t_.top_k_rows(xt, k, inv_t, cap), want = r_.top_k_rows(xr, k, inv_t, cap);
     int64_t wrong = 0, survivors = 0;
     for (int64_t r = 0; r < rows; ++r) {
-      CandidateRow want;
-      select_top_k(host.data() + r * cols, int(cols), k, inv_t, want);
-      if (want.count > cap) {
-        want.ids.clear();
-        want.scaled.clear();
-      }
-      const CandidateRow& g = got[size_t(r)];
-      wrong += g.count != want.count || g.ids != want.ids || g.scaled != want.scaled;
-      survivors += want.count;
+      const CandidateRow &g = got[size_t(r)], &w = want[size_t(r)];
+      wrong += g.count != w.count || g.ids != w.ids || g.scaled != w.scaled;
+      survivors += w.count;
     }
     const auto t0 = std::chrono::steady_clock::now();
     const int reps = quick_ ? 3 : 20;
@@ -531,9 +525,10 @@ class Doctor {
     row("top_p_rows", shape("logits", rows, cols) + what, err, err, 1e-5, pass, us, note);
   }
 
-  // Temperature alone, the rows left on the device: each row's law (max exact, mass), the
-  // scaled logits at drafted ids, 200 draws from each row and 200 from the excess of each row
-  // over the next, the same uniforms on both backends. Draws must agree token for token (a
+  // Temperature alone, the rows left on the device: each row's law (max exact, mass) with the
+  // scaled logit at an id a row (row_laws), at other ids (scaled_at), 200 calls drawing from
+  // every row (the law each brings back must be row_laws' own, bit for bit) and 200 draws from
+  // the excess of each row over the next, the same uniforms on both backends. Draws must agree token for token (a
   // uniform would have to land within rounding of a boundary to split them). Error: the
   // largest relative difference of a mass or probability, 1 for any differing token.
   void row_law(int64_t rows, int64_t cols, float temperature) {
@@ -542,12 +537,14 @@ class Doctor {
     for (auto& v : host) v = 12.f * u01(rng_) - 4.f;
     Tensor xt = t_.upload(host.data(), rows, cols), xr = r_.upload(host.data(), rows, cols);
     const float inv_t = 1.0f / temperature;
-    const auto lt = t_.row_laws(xt, inv_t), lr = r_.row_laws(xr, inv_t);
+    std::vector<int32_t> ids;
+    for (int64_t r = 0; r < rows; ++r) ids.push_back(int32_t(rng_() % uint64_t(cols)));
+    const RowLaws lt = t_.row_laws(xt, inv_t, ids), lr = r_.row_laws(xr, inv_t, ids);
     double err = 0;
     int64_t wrong = 0;
     for (int64_t r = 0; r < rows; ++r) {
-      wrong += lt[size_t(r)].max != lr[size_t(r)].max;
-      err = std::max(err, std::abs(lt[size_t(r)].mass - lr[size_t(r)].mass) / lr[size_t(r)].mass);
+      wrong += lt.law[size_t(r)].max != lr.law[size_t(r)].max || lt.scaled[size_t(r)] != lr.scaled[size_t(r)];
+      err = std::max(err, std::abs(lt.law[size_t(r)].mass - lr.law[size_t(r)].mass) / lr.law[size_t(r)].mass);
     }
     std::vector<std::pair<int64_t, int32_t>> at;
     for (int64_t r = 0; r < rows; ++r) at.push_back({r, int32_t(rng_() % uint64_t(cols))});
@@ -556,23 +553,20 @@ class Doctor {
     std::uniform_real_distribution<double> u(0.0, 1.0);
     const int draws = quick_ ? 20 : 200;
     double draw_us = 0;
-    std::vector<float> max_t, max_r;
-    for (int64_t r = 0; r < rows; ++r) {
-      max_t.push_back(lt[size_t(r)].max);
-      max_r.push_back(lr[size_t(r)].max);
-    }
     for (int i = 0; i < draws; ++i) {
       std::vector<double> ui(static_cast<size_t>(rows));
       for (auto& v : ui) v = u(rng_);
       const auto t0 = std::chrono::steady_clock::now();
-      const auto a = t_.draw_from_rows(xt, inv_t, max_t, ui);
+      const auto a = t_.draw_from_rows(xt, inv_t, ui);
       draw_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      const auto b = r_.draw_from_rows(xr, inv_t, max_r, ui);
+      const auto b = r_.draw_from_rows(xr, inv_t, ui);
       for (int64_t r = 0; r < rows; ++r) {
-        wrong += a[size_t(r)].id != b[size_t(r)].id || a[size_t(r)].scaled != b[size_t(r)].scaled;
+        const RowDraw &da = a[size_t(r)], &db = b[size_t(r)];
+        wrong += da.id != db.id || da.scaled != db.scaled || da.law.max != lt.law[size_t(r)].max ||
+                 da.law.mass != lt.law[size_t(r)].mass;  // the draw's law is row_laws' own, bit for bit
         if (r + 1 < rows)
-          wrong += t_.draw_from_excess(xt, r, lt[size_t(r)], xt, r + 1, lt[size_t(r + 1)], inv_t, ui[size_t(r)]) !=
-                   r_.draw_from_excess(xr, r, lr[size_t(r)], xr, r + 1, lr[size_t(r + 1)], inv_t, ui[size_t(r)]);
+          wrong += t_.draw_from_excess(xt, r, lt.law[size_t(r)], xt, r + 1, lt.law[size_t(r + 1)], inv_t, ui[size_t(r)]) !=
+                   r_.draw_from_excess(xr, r, lr.law[size_t(r)], xr, r + 1, lr.law[size_t(r + 1)], inv_t, ui[size_t(r)]);
       }
     }
     if (wrong) err = 1;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "util/error.h"
@@ -17,44 +18,51 @@ constexpr int kMaxTopPCandidates = 2048;
 
 // Row r of logits left on the device, as a law: p(id) from the row's max and mass and the logit
 // there; draws and the excess over another such row drawn there, with the host's uniforms.
-// Scaled logits already fetched (a drawn token's, look_up's) are kept, so p(d) and q(d) need no
-// trip of their own.
+// What one trip brought back is kept (the law, from a draw or LogitRows::look_up; the scaled
+// logits of drawn and looked-up ids), so p(d) and q(d) need no trip of their own.
 class DeviceRowLaw final : public TokenLaw {
  public:
-  DeviceRowLaw(Backend& b, Tensor logits, int64_t r, float inv_t, RowLaw law)
-      : b_(b), logits_(std::move(logits)), r_(r), inv_t_(inv_t), law_(law) {}
+  DeviceRowLaw(Backend& b, Tensor logits, int64_t r, float inv_t)
+      : b_(b), logits_(std::move(logits)), r_(r), inv_t_(inv_t) {}
   double prob(int32_t id) const override {
     const auto known = std::find_if(known_.begin(), known_.end(), [&](const auto& k) { return k.first == id; });
     const float s = known != known_.end() ? known->second : b_.scaled_at(logits_, inv_t_, {{r_, id}})[0];
-    return std::isnan(s) ? 0.0 : std::exp(double(s) - double(law_.max)) / law_.mass;
+    return std::isnan(s) ? 0.0 : std::exp(double(s) - double(law().max)) / law().mass;
   }
   int32_t draw(Rng& rng) const override {
-    return take(b_.draw_from_rows(logits_.slice_rows(r_, 1), inv_t_, {law_.max}, {rng.uniform()})[0]);
+    return take(b_.draw_from_rows(logits_.slice_rows(r_, 1), inv_t_, {rng.uniform()})[0]);
   }
   int32_t draw_excess_over(const TokenLaw& q_law, Rng& rng) const override {
     const auto* q = dynamic_cast<const DeviceRowLaw*>(&q_law);
     if (!q) throw Error("acceptance: p is a row on the device, q is not");
-    return b_.draw_from_excess(logits_, r_, law_, q->logits_, q->r_, q->law_, inv_t_, rng.uniform());
+    return b_.draw_from_excess(logits_, r_, law(), q->logits_, q->r_, q->law(), inv_t_, rng.uniform());
   }
-  // A draw made for this row elsewhere (LogitRows::choose_rows): its token, its scaled logit kept.
+  // A draw made for this row elsewhere (LogitRows::choose_rows): its token; its law and scaled
+  // logit kept.
   int32_t take(const RowDraw& d) const {
     if (d.id < 0)
       throw Error("sampling: logits row " + std::to_string(r_) + " of " + logits_.describe() +
                   " has no finite value to draw from");
+    law_ = d.law;
     know(d.id, d.scaled);
     return d.id;
   }
+  void know(const RowLaw& law) const { law_ = law; }
   void know(int32_t id, float scaled) const { known_.emplace_back(id, scaled); }
 
  private:
+  const RowLaw& law() const {
+    if (!law_) law_ = b_.row_laws(logits_.slice_rows(r_, 1), inv_t_, {}).law[0];
+    return *law_;
+  }
+
   Backend& b_;
   Tensor logits_;
   int64_t r_;
   float inv_t_;
-  RowLaw law_;
+  mutable std::optional<RowLaw> law_;
   mutable std::vector<std::pair<int32_t, float>> known_;  // a few ids a step: a list is enough
 };
-
 
 LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
     : backend_(b), sp_(sp), vocab_(vocab), inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)) {
@@ -95,8 +103,7 @@ void LogitRows::read(const Tensor& logits) {
     case Form::TopP:
       candidates_ = backend_.top_p_rows(logits, inv_t_, static_cast<float>(sp_.top_p), kMaxTopPCandidates);
       break;
-    case Form::DeviceRows:
-      row_laws_ = backend_.row_laws(logits, inv_t_);
+    case Form::DeviceRows:  // nothing yet: each law comes with the first trip that needs it
       break;
     case Form::Rows:
       rows_.resize(size_t(logits.rows * logits.cols));
@@ -119,7 +126,7 @@ const TokenLaw& LogitRows::law(int r, const TokenHistory& h) {
   std::unique_ptr<TokenLaw>& law = laws_[size_t(r)];
   if (law) return *law;
   if (form_ == Form::DeviceRows) {
-    law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, inv_t_, row_laws_[size_t(r)]);
+    law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, inv_t_);
   } else if ((form_ == Form::TopK || form_ == Form::TopP) && !candidates_[size_t(r)].ids.empty()) {
     const CandidateRow& c = candidates_[size_t(r)];
     law = std::make_unique<SupportLaw>(distribution_of_candidates(c.ids, c.scaled, sp_, c.row_mass));
@@ -133,13 +140,9 @@ const DeviceRowLaw& LogitRows::device_law(int r) { return static_cast<const Devi
 
 void LogitRows::choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng) {
   if (form_ == Form::DeviceRows) {
-    std::vector<float> max(static_cast<size_t>(n));
     std::vector<double> u(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      max[size_t(r)] = row_laws_[size_t(r)].max;
-      u[size_t(r)] = rng.uniform();  // one each, in row order: what n single draws would take
-    }
-    const std::vector<RowDraw> drawn = backend_.draw_from_rows(logits_, inv_t_, max, u);
+    for (double& v : u) v = rng.uniform();  // one a row, in row order: what n single draws would take
+    const std::vector<RowDraw> drawn = backend_.draw_from_rows(logits_, inv_t_, u);
     for (int r = 0; r < n; ++r) out[r] = device_law(r).take(drawn[size_t(r)]);
     return;
   }
@@ -147,11 +150,10 @@ void LogitRows::choose_rows(int32_t* out, int n, const std::function<TokenHistor
 }
 
 void LogitRows::look_up(const int32_t* ids, int n) {
-  if (form_ != Form::DeviceRows || n == 0) return;
-  std::vector<std::pair<int64_t, int32_t>> at;
-  for (int r = 0; r < n; ++r) at.emplace_back(r, ids[r]);
-  const std::vector<float> scaled = backend_.scaled_at(logits_, inv_t_, at);
-  for (int r = 0; r < n; ++r) device_law(r).know(ids[r], scaled[size_t(r)]);
+  if (form_ != Form::DeviceRows) return;
+  const RowLaws got = backend_.row_laws(logits_, inv_t_, std::vector<int32_t>(ids, ids + n));
+  for (int r = 0; r < logits_.rows; ++r) device_law(r).know(got.law[size_t(r)]);
+  for (int r = 0; r < n; ++r) device_law(r).know(ids[r], got.scaled[size_t(r)]);
 }
 
 int32_t LogitRows::choose(int r, const TokenHistory& h, Rng& rng) {

@@ -8,8 +8,9 @@
 // - sampling with top-p and neither top-k nor a penalty: top-p's candidates and the row's mass
 //   (Backend::top_p_rows), the nucleus and a few tokens more instead of the vocabulary;
 // - sampling with temperature alone (no top-k, top-p, min-p or penalty) on a GPU: no candidate
-//   set is smaller than the row, so the row stays where it is: each row's max and mass
-//   (Backend::row_laws), then draws, p(d) and the acceptance rule's residual computed there;
+//   set is smaller than the row, so the row stays where it is: draws (each with its row's max
+//   and mass, Backend::draw_from_rows), laws with p(d) (Backend::row_laws) and the acceptance
+//   rule's residual computed there, one trip each;
 // - otherwise the whole rows (penalties look at every logit).
 // Every form gives the distribution token_distribution() gives the whole row. The top-k form
 // gives the same tokens with the same probabilities. The top-p form sums the row's mass on the
@@ -38,11 +39,12 @@ class LogitRows {
   int32_t choose(int r, const TokenHistory& h, Rng& rng);
   // Rows 0 … n − 1 one after another, as choose() would (sampled rows from law(r).draw), the
   // tokens going to out; history(r) sees out[0 … r). In the DeviceRows form the n uniforms are
-  // taken first, in row order, and the device draws every row in one call: the same tokens as
-  // n draws, without n round trips.
+  // taken first, in row order, and the device draws every row in one call, bringing back each
+  // row's law with it: the same tokens as n draws, without n round trips.
   void choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng);
-  // Row r's law will be asked for p(ids[r]), r < n: in the DeviceRows form they are fetched now
-  // in one call (the acceptance rule's p(d) for a whole block); a no-op in the other forms.
+  // Row r's law will be asked for p(ids[r]), r < n: in the DeviceRows form every row's law and
+  // those values are fetched now in one call (the acceptance rule's p(d) for a whole block); a
+  // no-op in the other forms.
   void look_up(const int32_t* ids, int n);
   // The law row `r` is sampled from (speculative sampling's p and q); valid until the next read().
   const TokenLaw& law(int r, const TokenHistory& h);
@@ -62,7 +64,6 @@ class LogitRows {
   Tensor logits_;
   std::vector<int32_t> argmax_;
   std::vector<CandidateRow> candidates_;  // the TopK and TopP forms
-  std::vector<RowLaw> row_laws_;          // the DeviceRows form
   std::vector<std::unique_ptr<TokenLaw>> laws_;  // built on first use, a row each
   std::vector<float> rows_;
   std::vector<int> row_read_;  // rows of rows_ that hold the whole row (all of them in the Rows form)

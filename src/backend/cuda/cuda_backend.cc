@@ -530,17 +530,41 @@ class CudaBackend final : public Backend {
     });
   }
 
-  std::vector<RowLaw> row_laws(const Tensor& logits, float inv_t) override {
+  RowLaws row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids) override {
     expect(logits, DType::F32, "row_laws", "logits");
-    std::vector<RowLaw> out(size_t(logits.rows));
-    if (logits.rows == 0) return out;
-    std::vector<double> host(size_t(2 * logits.rows));
-    auto dev = pool_->allocate(host.size() * sizeof(double), "row_laws");
+    const size_t rows = size_t(logits.rows), n = ids.size();
+    if (n > rows) throw Error("row_laws: " + std::to_string(n) + " ids for " + logits.describe());
+    RowLaws out;
+    if (rows == 0) return out;
+    std::vector<int64_t> pairs;
+    for (size_t r = 0; r < n; ++r) {
+      if (ids[r] < 0 || ids[r] >= logits.cols)
+        throw Error("row_laws: id " + std::to_string(ids[r]) + " of row " + std::to_string(r) + " outside " +
+                    logits.describe());
+      pairs.push_back(int64_t(r));
+      pairs.push_back(ids[r]);
+    }
+    // One copy in (the pairs) and one back: the laws, two doubles a row, then the scaled logits.
+    const size_t law_bytes = 2 * rows * sizeof(double), bytes = law_bytes + n * sizeof(float);
+    auto dev = pool_->allocate(bytes, "row_laws");
     auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(logits.rows, logits.cols), "row_laws");
     cuda::row_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, static_cast<double*>(dev.get()),
                    scratch.get(), stream_);
-    copy_back(host.data(), dev.get(), host.size() * sizeof(double), "row_laws");
-    for (size_t r = 0; r < out.size(); ++r) out[r] = {static_cast<float>(host[2 * r]), host[2 * r + 1]};
+    std::shared_ptr<void> dev_at;
+    if (n) {
+      dev_at = pool_->allocate(pairs.size() * sizeof(int64_t), "row_laws");
+      check(cudaMemcpyAsync(dev_at.get(), pairs.data(), pairs.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
+                            stream_),
+            "row_laws", "host to device copy");
+      cuda::scaled_at(logits.ptr<float>(), logits.ld, inv_t, static_cast<const int64_t*>(dev_at.get()), int(n),
+                      reinterpret_cast<float*>(static_cast<char*>(dev.get()) + law_bytes), stream_);
+    }
+    std::vector<char> host(bytes);
+    copy_back(host.data(), dev.get(), bytes, "row_laws");
+    const auto* law = reinterpret_cast<const double*>(host.data());
+    for (size_t r = 0; r < rows; ++r) out.law.push_back({static_cast<float>(law[2 * r]), law[2 * r + 1]});
+    out.scaled.resize(n);
+    std::memcpy(out.scaled.data(), host.data() + law_bytes, n * sizeof(float));
     return out;
   }
 
@@ -566,34 +590,33 @@ class CudaBackend final : public Backend {
     return out;
   }
 
-  std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<float>& max,
-                                      const std::vector<double>& u) override {
+  std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u) override {
     expect(logits, DType::F32, "draw_from_rows", "logits");
-    if (max.size() != u.size() || int64_t(u.size()) > logits.rows)
-      throw Error("draw_from_rows: " + std::to_string(u.size()) + " uniforms and " + std::to_string(max.size()) +
-                  " maxima for " + logits.describe());
     const size_t n = u.size();
+    if (int64_t(n) > logits.rows)
+      throw Error("draw_from_rows: " + std::to_string(n) + " uniforms for " + logits.describe());
     std::vector<RowDraw> out(n);
     if (n == 0) return out;
-    // One copy in (uniforms, then maxima) and one back (ids, then scaled logits).
-    std::vector<char> in(n * (sizeof(double) + sizeof(float)));
-    std::memcpy(in.data(), u.data(), n * sizeof(double));
-    std::memcpy(in.data() + n * sizeof(double), max.data(), n * sizeof(float));
-    auto dev_in = pool_->allocate(in.size(), "draw_from_rows");
-    auto dev_out = pool_->allocate(n * (sizeof(int32_t) + sizeof(float)), "draw_from_rows");
-    check(cudaMemcpyAsync(dev_in.get(), in.data(), in.size(), cudaMemcpyHostToDevice, stream_), "draw_from_rows",
-          "host to device copy");
+    // One copy in (the uniforms) and one back: the laws, two doubles a row, then ids, then
+    // scaled logits.
+    auto dev_u = pool_->allocate(n * sizeof(double), "draw_from_rows");
+    const size_t law_bytes = 2 * n * sizeof(double), bytes = law_bytes + n * (sizeof(int32_t) + sizeof(float));
+    auto dev = pool_->allocate(bytes, "draw_from_rows");
     auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(int64_t(n), logits.cols), "draw_from_rows");
-    auto* ids = static_cast<int32_t*>(dev_out.get());
+    check(cudaMemcpyAsync(dev_u.get(), u.data(), n * sizeof(double), cudaMemcpyHostToDevice, stream_),
+          "draw_from_rows", "host to device copy");
+    char* base = static_cast<char*>(dev.get());
+    auto* ids = reinterpret_cast<int32_t*>(base + law_bytes);
     cuda::draw_from_rows(logits.ptr<float>(), logits.ld, int64_t(n), logits.cols, inv_t,
-                         reinterpret_cast<const float*>(static_cast<const char*>(dev_in.get()) + n * sizeof(double)),
-                         static_cast<const double*>(dev_in.get()), ids, reinterpret_cast<float*>(ids + n), scratch.get(),
-                         stream_);
-    std::vector<int32_t> host(2 * n);
-    copy_back(host.data(), dev_out.get(), host.size() * sizeof(int32_t), "draw_from_rows");
+                         static_cast<const double*>(dev_u.get()), reinterpret_cast<double*>(base), ids,
+                         reinterpret_cast<float*>(ids + n), scratch.get(), stream_);
+    std::vector<char> host(bytes);
+    copy_back(host.data(), dev.get(), bytes, "draw_from_rows");
+    const auto* law = reinterpret_cast<const double*>(host.data());
     for (size_t r = 0; r < n; ++r) {
-      out[r].id = host[r];
-      std::memcpy(&out[r].scaled, &host[n + r], sizeof(float));
+      out[r].law = {static_cast<float>(law[2 * r]), law[2 * r + 1]};
+      std::memcpy(&out[r].id, host.data() + law_bytes + r * sizeof(int32_t), sizeof(int32_t));
+      std::memcpy(&out[r].scaled, host.data() + law_bytes + (n + r) * sizeof(int32_t), sizeof(float));
     }
     return out;
   }
@@ -623,17 +646,16 @@ class CudaBackend final : public Backend {
     auto part = pool_->allocate(cuda::argmax_scratch_bytes(x.rows, x.cols), "argmax_rows");
     OpTimer timer(prof_.get(), "argmax", [&] { return dims(x.rows, x.cols); });
     cuda::argmax_rows(x.ptr<float>(), x.ld, x.rows, x.cols, static_cast<int32_t*>(dev.get()), part.get(), stream_);
-    check(cudaMemcpyAsync(out.data(), dev.get(), out.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
-          "argmax_rows", "device to host copy");
-    timer.stop();
-    check(cudaStreamSynchronize(stream_), "argmax_rows", "synchronising the stream");
+    copy_back(out.data(), dev.get(), out.size() * sizeof(int32_t), "argmax_rows", &timer);
     return out;
   }
 
  private:
-  // Copies device results back and waits for them.
-  void copy_back(void* host, const void* dev, size_t bytes, const char* op) {
+  // Copies device results back and waits for them; the op's timer, if any, stops before the
+  // wait (the profiler times the op, not the host's wait).
+  void copy_back(void* host, const void* dev, size_t bytes, const char* op, OpTimer* timer = nullptr) {
     check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_), op, "device to host copy");
+    if (timer) timer->stop();
     check(cudaStreamSynchronize(stream_), op, "synchronising the stream");
   }
 
@@ -648,10 +670,7 @@ class CudaBackend final : public Backend {
     auto dev = pool_->allocate(host.size() * sizeof(int32_t), op);
     OpTimer timer(prof_.get(), op, [&] { return dims(logits.rows, logits.cols); });
     launch(static_cast<int32_t*>(dev.get()));
-    check(cudaMemcpyAsync(host.data(), dev.get(), host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), op,
-          "device to host copy");
-    timer.stop();
-    check(cudaStreamSynchronize(stream_), op, "synchronising the stream");
+    copy_back(host.data(), dev.get(), host.size() * sizeof(int32_t), op, &timer);
     for (int64_t r = 0; r < logits.rows; ++r) {
       const int32_t* h = host.data() + r * per_row;
       CandidateRow& row = out[size_t(r)];

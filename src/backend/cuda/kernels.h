@@ -100,17 +100,17 @@ void top_k_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, int k, flo
 void top_p_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, int cap, int32_t* out,
                 cudaStream_t s);
 // Backend::row_laws, scaled_at, draw_from_rows and draw_from_excess on the device (row_law.cu):
-// out of row_laws holds {max, mass} as two doubles a row; `at` holds (row, id) pairs;
-// draw_from_rows draws rows 0 … rows − 1 of x with max[r] and u[r] (device arrays) and writes
-// ids[r] and the scaled logit there, scaled[r]; p and q of the excess point at their row; each
-// draw writes id −1 where there is no weight. The laws and draws need `scratch` of
-// row_law_scratch_bytes() for their per-slice partial results.
+// row_laws writes {max, mass} as two doubles a row; `at` holds (row, id) pairs;
+// draw_from_rows writes rows 0 … rows − 1's laws as row_laws does, then draws each with u[r]
+// (a device array) and writes ids[r] and the scaled logit there, scaled[r]; p and q of the
+// excess point at their row; each draw writes id −1 where there is no weight. The laws and
+// draws need `scratch` of row_law_scratch_bytes() for their per-slice partial results.
 size_t row_law_scratch_bytes(int64_t rows, int64_t n);
 void row_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, double* out, void* scratch,
               cudaStream_t s);
 void scaled_at(const float* x, int64_t ldx, float inv_t, const int64_t* at, int count, float* out, cudaStream_t s);
-void draw_from_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, const float* max,
-                    const double* u, int32_t* ids, float* scaled, void* scratch, cudaStream_t s);
+void draw_from_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, const double* u, double* laws,
+                    int32_t* ids, float* scaled, void* scratch, cudaStream_t s);
 void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, float p_max, double p_mass, float q_max,
                       double q_mass, double u, int32_t* out, void* scratch, cudaStream_t s);
 // out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of

@@ -91,16 +91,17 @@ struct RowWeight {
   float inv_t, max;
   __device__ double operator()(int i) const { return weight(x[i], inv_t, max); }
 };
-// Rows of x, each with its law's max and its uniform; the drawn id's scaled logit goes with it.
+// Rows of x, each with its law ({max, mass} as row_laws writes them) and its uniform; the drawn
+// id's scaled logit goes with it.
 struct RowsSource {
   const float* x;
   int64_t ldx;
   float inv_t;
-  const float* max;
+  const double* law;
   const double* u;
   int32_t* ids;
   float* scaled;
-  __device__ RowWeight weights(int r) const { return {x + r * ldx, inv_t, max[r]}; }
+  __device__ RowWeight weights(int r) const { return {x + r * ldx, inv_t, static_cast<float>(law[2 * r])}; }
   __device__ double uniform(int r) const { return u[r]; }
   __device__ void write(int r, int32_t id) const {
     ids[r] = id;
@@ -242,10 +243,11 @@ void scaled_at(const float* x, int64_t ldx, float inv_t, const int64_t* at, int 
                 count, out);
 }
 
-void draw_from_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, const float* max,
-                    const double* u, int32_t* ids, float* scaled, void* scratch, cudaStream_t s) {
+void draw_from_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, const double* u, double* laws,
+                    int32_t* ids, float* scaled, void* scratch, cudaStream_t s) {
   if (rows == 0) return;
-  draw("draw", RowsSource{x, ldx, inv_t, max, u, ids, scaled}, rows, n, scratch, s);
+  row_laws(x, ldx, rows, n, inv_t, laws, scratch, s);  // its scratch is read before the draw's is written
+  draw("draw", RowsSource{x, ldx, inv_t, laws, u, ids, scaled}, rows, n, scratch, s);
 }
 
 void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, float p_max, double p_mass, float q_max,
