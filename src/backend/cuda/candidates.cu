@@ -82,9 +82,11 @@ struct RowWalk {
 
 // Every kept one of n positions, in order: thread t takes positions [t·C, (t + 1)·C), which
 // walk(j0, j1, f) hands to f as (id, scaled), counts, and a block scan gives each thread its
-// first slot. *count gets the total; past cap they are counted, not stored.
+// first slot, from `base` on (a slice's place in its row). *count (where given) gets the
+// total; past cap they are counted, not stored.
 template <typename Walk, typename Keep>
-__device__ void write_in_order(int n, Walk walk, Keep keep, int cap, int32_t* count, int32_t* ids, int32_t* scaled) {
+__device__ void write_in_order(int n, Walk walk, Keep keep, int cap, int32_t* count, int32_t* ids, int32_t* scaled,
+                               int base = 0) {
   __shared__ int warp_total[kThreads / 32];
   const int C = (n + kThreads - 1) / kThreads;
   const int i0 = min(n, int(threadIdx.x) * C), i1 = min(n, i0 + C);
@@ -101,10 +103,10 @@ __device__ void write_in_order(int n, Walk walk, Keep keep, int cap, int32_t* co
     const int w = warp_total[lane];
     int sum = warp_inclusive_sum(w);
     warp_total[lane] = sum - w;  // exclusive
-    if (lane == 31) *count = sum;
+    if (lane == 31 && count) *count = sum;
   }
   __syncthreads();
-  int slot = warp_total[warp] + incl - mine;
+  int slot = base + warp_total[warp] + incl - mine;
   walk(i0, i1, [&](int id, float v) {
     if (slot >= cap) return false;
     if (keep(v)) {
@@ -260,18 +262,59 @@ __device__ __forceinline__ int top_p_bucket(float s, float mx) {
   return d < float(kTopPBuckets - 1) ? static_cast<int>(d) : kTopPBuckets - 1;
 }
 
-// out[row]: [count, row mass as f32 bits, ids[cap], scaled[cap] as f32 bits]. The mass is
-// summed in a fixed order (each thread its strided elements, then block_sum), so a row gives the
-// same bits every run; the buckets hold fixed-point mass rounded up, integer adds in any order
-// giving the same sums. A token under one unit (2^-32 of the max's weight: most of a peaked
-// row, whose atomics on one far bucket took 4.7 ms for 16 rows) counts one unit in the last
-// bucket instead. Both only overstate what lies below a cut, so only ever keep more candidates.
+constexpr double kFixed = 4294967296.0;  // 2^32: a bucket's mass in units of 2^-32 of the max's weight
+
+// Token s's weight exp(s − mx), its fixed-point mass rounded up added to its bucket, or, under one
+// unit, counted faint (a peaked row's tail, whose atomics on one far bucket took 4.7 ms for 16
+// rows); the caller adds the faint count to the last bucket. Both only overstate what lies below
+// a cut, so only ever keep more candidates.
+__device__ __forceinline__ float tally(float s, float mx, unsigned long long* bucket, unsigned long long& faint) {
+  const float e = expf(s - mx);
+  const float f = e * float(kFixed);  // exact: a power of two
+  if (f < 1.f) ++faint;
+  else atomicAdd(&bucket[top_p_bucket(s, mx)], static_cast<unsigned long long>(ceilf(f)));
+  return e;
+}
+
+// Warp 0 only: the last candidate bucket, the largest b whose mass at or beyond it exceeds
+// (1 − top_p)(1 − 1e-3) of the row's mass (0 where none does), on every lane. Lane l owns
+// buckets [64·l, 64·l + 64), suffix sums across lanes by shuffles.
+__device__ int last_bucket(const unsigned long long* bucket, float mass, float top_p) {
+  const unsigned long long budget =
+      static_cast<unsigned long long>((1.0 - double(top_p)) * (1.0 - 1e-3) * double(mass) * kFixed);
+  constexpr int kPer = kTopPBuckets / 32;
+  const int lane = threadIdx.x;
+  unsigned long long own = 0;
+#pragma unroll 4  // whole, the 64 loads went to the stack
+  for (int b = 0; b < kPer; ++b) own += bucket[lane * kPer + b];
+  unsigned long long beyond = own;  // lanes ≥ this one
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const unsigned long long y = __shfl_down_sync(0xffffffffu, beyond, d);
+    if (lane + d < 32) beyond += y;
+  }
+  unsigned long long suffix = beyond - own;  // lanes after this one
+  int last = -1;
+  for (int b = kPer - 1; b >= 0; --b) {
+    suffix += bucket[lane * kPer + b];
+    if (suffix > budget) {
+      last = lane * kPer + b;
+      break;
+    }
+  }
+  for (int d = 16; d > 0; d >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, d));
+  return max(last, 0);
+}
+
+// out[row]: [count, row mass as f32 bits, ids[cap], scaled[cap] as f32 bits], one block a row
+// (rows too short to cut). The mass is summed in a fixed order (each thread its strided
+// elements, then block_sum), so a row gives the same bits every run; the buckets hold
+// fixed-point mass rounded up, integer adds in any order giving the same sums.
 __global__ void __launch_bounds__(kThreads)
     top_p_kernel(const float* __restrict__ x, int64_t ldx, int n, float inv_t, float top_p, int cap, int32_t* out) {
   grid_dependency_begin();
   const float* xr = x + int64_t(blockIdx.x) * ldx;
   int32_t* o = out + int64_t(blockIdx.x) * (2 + 2 * int64_t(cap));
-  constexpr double kFixed = 4294967296.0;  // 2^32: a bucket's mass in units of 2^-32
   __shared__ unsigned long long bucket[kTopPBuckets];
   __shared__ float partial[32];
   __shared__ float s_max;
@@ -286,54 +329,22 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (threadIdx.x < 32) {
     const float m = warp_max(partial[threadIdx.x]);
-    if (threadIdx.x == 0) {
-      s_max = m;
-      s_last = 0;
-    }
+    if (threadIdx.x == 0) s_max = m;
   }
   __syncthreads();
   mx = s_max;
   float mass = 0.f;
-  unsigned long long faint = 0;  // tokens under one fixed-point unit
+  unsigned long long faint = 0;
   for_each_strided(xr, n, [&](float v) {
     const float s = v * inv_t;
-    if (s != s) return;
-    const float e = expf(s - mx);
-    mass += e;
-    const float f = e * float(kFixed);  // exact: a power of two
-    if (f < 1.f) ++faint;
-    else atomicAdd(&bucket[top_p_bucket(s, mx)], static_cast<unsigned long long>(ceilf(f)));
+    if (s == s) mass += tally(s, mx, bucket, faint);
   });
   if (faint) atomicAdd(&bucket[kTopPBuckets - 1], faint);
   mass = block_sum(mass, partial);  // ends past a barrier: the buckets are complete
-  // The last candidate bucket: the largest b whose mass at or beyond it exceeds the budget.
-  // Warp 0, lane l owning buckets [64·l, 64·l + 64), suffix sums across lanes by shuffles.
   if (threadIdx.x < 32) {
-    const unsigned long long budget =
-        static_cast<unsigned long long>((1.0 - double(top_p)) * (1.0 - 1e-3) * double(mass) * kFixed);
-    constexpr int kPer = kTopPBuckets / 32;
-    const int lane = threadIdx.x;
-    unsigned long long own = 0;
-#pragma unroll 4  // whole, the 64 loads went to the stack
-    for (int b = 0; b < kPer; ++b) own += bucket[lane * kPer + b];
-    unsigned long long beyond = own;  // lanes ≥ this one
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const unsigned long long y = __shfl_down_sync(0xffffffffu, beyond, d);
-      if (lane + d < 32) beyond += y;
-    }
-    unsigned long long suffix = beyond - own;  // lanes after this one
-    int last = -1;
-    for (int b = kPer - 1; b >= 0; --b) {
-      suffix += bucket[lane * kPer + b];
-      if (suffix > budget) {
-        last = lane * kPer + b;
-        break;
-      }
-    }
-    for (int d = 16; d > 0; d >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, d));
-    if (lane == 0) {
-      s_last = max(last, 0);
+    const int last = last_bucket(bucket, mass, top_p);
+    if (threadIdx.x == 0) {
+      s_last = last;
       o[1] = __float_as_int(mass);
     }
   }
@@ -341,6 +352,148 @@ __global__ void __launch_bounds__(kThreads)
   const int last = s_last;
   write_in_id_order(xr, n, inv_t, [mx, last](float v) { return v == v && top_p_bucket(v, mx) <= last; }, cap, o,
                     o + 2, o + 2 + cap);
+}
+
+// The same for rows long enough to cut: slices of `slice` ids, a block each (grid: slices ×
+// rows), in five launches: the slices' maxima; the row's max, each slice's mass and histogram
+// (added into the row's histogram with integer atomics: the same sums in any order); one warp a
+// row summing the masses in slice order and choosing the last bucket; the slices' candidate
+// counts; and each slice writing its candidates from its place in the row. Scratch (TopPScratch):
+// the row histograms, then per (row, slice) max, mass and count, then per row the last bucket.
+struct TopPScratch {
+  unsigned long long* hist;  // [rows][kTopPBuckets]
+  float *max, *mass;         // [rows][slices]
+  int *count, *last;         // [rows][slices], [rows]
+  TopPScratch(void* p, int64_t rows, int slices) {
+    hist = static_cast<unsigned long long*>(p);
+    max = reinterpret_cast<float*>(hist + rows * kTopPBuckets);
+    mass = max + rows * slices;
+    count = reinterpret_cast<int*>(mass + rows * slices);
+    last = count + rows * slices;
+  }
+  static size_t bytes(int64_t rows, int slices) {
+    return size_t(rows) * (kTopPBuckets * sizeof(unsigned long long) + slices * 3 * sizeof(float) + sizeof(int));
+  }
+};
+
+// The row's max from its slices' (every thread the same, in slice order; the max is exact).
+__device__ __forceinline__ float row_max(const float* slice_max, int slices) {
+  float m = -INFINITY;
+  for (int s = 0; s < slices; ++s) m = fmaxf(m, slice_max[s]);
+  return m;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    top_p_max_kernel(const float* __restrict__ x, int64_t ldx, int n, int slice, float inv_t, TopPScratch sc) {
+  grid_dependency_begin();
+  const int id0 = int(blockIdx.x) * slice, len = min(slice, n - id0);
+  const float* xs = x + int64_t(blockIdx.y) * ldx + id0;
+  __shared__ float partial[32];
+  float mx = -INFINITY;
+  for_each_strided(xs, len, [&](float v) { mx = fmaxf(mx, v * inv_t); });
+  mx = warp_max(mx);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = mx;
+  // The next launch adds into the row's histogram: zero it here, a share a slice.
+  for (int b = int(blockIdx.x) * kThreads + threadIdx.x; b < kTopPBuckets; b += int(gridDim.x) * kThreads)
+    sc.hist[int64_t(blockIdx.y) * kTopPBuckets + b] = 0ull;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const float m = warp_max(partial[threadIdx.x]);
+    if (threadIdx.x == 0) sc.max[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = m;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    top_p_hist_kernel(const float* __restrict__ x, int64_t ldx, int n, int slice, float inv_t, TopPScratch sc) {
+  grid_dependency_begin();
+  const int id0 = int(blockIdx.x) * slice, len = min(slice, n - id0);
+  const float* xs = x + int64_t(blockIdx.y) * ldx + id0;
+  const int64_t rs = int64_t(blockIdx.y) * gridDim.x;  // the row's first (row, slice) entry
+  __shared__ unsigned long long bucket[kTopPBuckets];
+  __shared__ float partial[32];
+  for (int i = threadIdx.x; i < kTopPBuckets; i += kThreads) bucket[i] = 0ull;
+  const float mx = row_max(sc.max + rs, gridDim.x);
+  __syncthreads();
+  float mass = 0.f;
+  unsigned long long faint = 0;
+  for_each_strided(xs, len, [&](float v) {
+    const float s = v * inv_t;
+    if (s == s) mass += tally(s, mx, bucket, faint);
+  });
+  if (faint) atomicAdd(&bucket[kTopPBuckets - 1], faint);
+  mass = block_sum(mass, partial);  // ends past a barrier: the buckets are complete
+  if (threadIdx.x == 0) sc.mass[rs + blockIdx.x] = mass;
+  unsigned long long* hist = sc.hist + int64_t(blockIdx.y) * kTopPBuckets;
+  for (int b = threadIdx.x; b < kTopPBuckets; b += kThreads)
+    if (bucket[b]) atomicAdd(&hist[b], bucket[b]);
+}
+
+// One warp a row: the mass (slices in order) into the row's header, and the last bucket.
+__global__ void top_p_cut_kernel(TopPScratch sc, int slices, float top_p, int cap, int32_t* out) {
+  grid_dependency_begin();
+  const int64_t r = blockIdx.x;
+  const float* m = sc.mass + r * slices;
+  float mass = 0.f;
+  for (int s = 0; s < slices; ++s) mass += m[s];  // every lane the same sum
+  const int last = last_bucket(sc.hist + r * kTopPBuckets, mass, top_p);
+  if (threadIdx.x == 0) {
+    sc.last[r] = last;
+    out[r * (2 + 2 * int64_t(cap)) + 1] = __float_as_int(mass);
+  }
+}
+
+// keep() of top-p: within the last candidate bucket of the row's max.
+struct TopPKeep {
+  float mx;
+  int last;
+  __device__ bool operator()(float v) const { return v == v && top_p_bucket(v, mx) <= last; }
+};
+
+__global__ void __launch_bounds__(kThreads)
+    top_p_count_kernel(const float* __restrict__ x, int64_t ldx, int n, int slice, float inv_t, TopPScratch sc) {
+  grid_dependency_begin();
+  const int id0 = int(blockIdx.x) * slice, len = min(slice, n - id0);
+  const float* xs = x + int64_t(blockIdx.y) * ldx + id0;
+  const int64_t rs = int64_t(blockIdx.y) * gridDim.x;
+  __shared__ int partial[32];
+  const TopPKeep keep{row_max(sc.max + rs, gridDim.x), sc.last[blockIdx.y]};
+  int mine = 0;
+  for_each_strided(xs, len, [&](float v) { mine += keep(v * inv_t); });
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+    sc.count[rs + blockIdx.x] = total;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    top_p_write_kernel(const float* __restrict__ x, int64_t ldx, int n, int slice, float inv_t, TopPScratch sc, int cap,
+                       int32_t* out) {
+  grid_dependency_begin();
+  const int id0 = int(blockIdx.x) * slice, len = min(slice, n - id0);
+  const float* xs = x + int64_t(blockIdx.y) * ldx + id0;
+  const int64_t rs = int64_t(blockIdx.y) * gridDim.x;
+  int32_t* o = out + int64_t(blockIdx.y) * (2 + 2 * int64_t(cap));
+  int base = 0, total = 0;  // this slice's first slot in the row; the row's candidates
+  for (int s = 0; s < int(gridDim.x); ++s) {
+    if (s < int(blockIdx.x)) base += sc.count[rs + s];
+    total += sc.count[rs + s];
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) o[0] = total;
+  if (base >= cap) return;  // counted, not stored (the whole row's count says so)
+  const TopPKeep keep{row_max(sc.max + rs, gridDim.x), sc.last[blockIdx.y]};
+  write_in_order(len, RowWalk{xs, id0, inv_t}, keep, cap, nullptr, o + 2, o + 2 + cap, base);
+}
+
+// How top_p_rows cuts a row: as many slices of at least kMinSlice as give about kTargetBlocks
+// blocks in all; 0 (one block a row) where that leaves fewer than two.
+int top_p_slices(int64_t rows, int64_t n) {
+  const int64_t want = std::min({(kTargetBlocks + rows - 1) / rows, n / kMinSlice, int64_t(kMaxSlices)});
+  return want < 2 || rows > 65535 ? 0 : static_cast<int>(want);
 }
 
 }  // namespace
@@ -363,11 +516,29 @@ void top_k_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, int k, flo
                 inv_t, cap, out, part, sp.slices, sp.scap);
 }
 
+size_t top_p_scratch_bytes(int64_t rows, int64_t n) {
+  const int slices = top_p_slices(rows, n);
+  return slices ? TopPScratch::bytes(rows, slices) : 0;
+}
+
 void top_p_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, int cap, int32_t* out,
-                cudaStream_t s) {
+                void* scratch, cudaStream_t s) {
   if (rows == 0) return;
-  launch_kernel("top_p", top_p_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, ldx, static_cast<int>(n), inv_t,
-                top_p, cap, out);
+  const int slices = top_p_slices(rows, n);
+  if (slices == 0) {
+    launch_kernel("top_p", top_p_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, ldx, static_cast<int>(n),
+                  inv_t, top_p, cap, out);
+    return;
+  }
+  const int slice = static_cast<int>((n + slices - 1) / slices);
+  const TopPScratch sc(scratch, rows, slices);
+  const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(rows));
+  const int len = static_cast<int>(n);
+  launch_kernel("top_p", top_p_max_kernel, grid, kThreads, 0, s, x, ldx, len, slice, inv_t, sc);
+  launch_kernel("top_p", top_p_hist_kernel, grid, kThreads, 0, s, x, ldx, len, slice, inv_t, sc);
+  launch_kernel("top_p", top_p_cut_kernel, static_cast<unsigned>(rows), 32, 0, s, sc, slices, top_p, cap, out);
+  launch_kernel("top_p", top_p_count_kernel, grid, kThreads, 0, s, x, ldx, len, slice, inv_t, sc);
+  launch_kernel("top_p", top_p_write_kernel, grid, kThreads, 0, s, x, ldx, len, slice, inv_t, sc, cap, out);
 }
 
 }  // namespace dflash::cuda

@@ -525,8 +525,11 @@ class CudaBackend final : public Backend {
     expect(logits, DType::F32, "top_p_rows", "logits");
     if (logits.rows == 0 || max_count <= 0) return Backend::top_p_rows(logits, inv_t, top_p, max_count);
     return candidates_from_device("top_p_rows", logits, max_count, 2, [&](int32_t* dev) {
+      std::shared_ptr<void> part;
+      if (const size_t bytes = cuda::top_p_scratch_bytes(logits.rows, logits.cols))
+        part = pool_->allocate(bytes, "top_p_rows");
       cuda::top_p_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, top_p, max_count, dev,
-                       stream_);
+                       part.get(), stream_);
     });
   }
 

@@ -96,9 +96,11 @@ void add(const void* x, int64_t ldx, Elem x_elem, void* y, int64_t ldy, Elem y_e
 size_t top_k_scratch_bytes(int64_t rows, int64_t n, int k, int cap);
 void top_k_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, int k, float inv_t, int cap, int32_t* out,
                 void* scratch, cudaStream_t s);
-// Backend::top_p_rows likewise: per row [count, row mass as f32 bits, ids[cap], scaled[cap]].
+// Backend::top_p_rows likewise: per row [count, row mass as f32 bits, ids[cap], scaled[cap]];
+// `scratch` of top_p_scratch_bytes() (0 for short rows) for the slices' partial results.
+size_t top_p_scratch_bytes(int64_t rows, int64_t n);
 void top_p_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, int cap, int32_t* out,
-                cudaStream_t s);
+                void* scratch, cudaStream_t s);
 // Backend::row_laws, scaled_at, draw_from_rows and draw_from_excess on the device (row_law.cu):
 // row_laws writes {max, mass} as two doubles a row; `at` holds (row, id) pairs;
 // draw_from_rows writes rows 0 … rows − 1's laws as row_laws does, then draws each with u[r]
