@@ -306,6 +306,21 @@ __device__ int last_bucket(const unsigned long long* bucket, float mass, float t
   return max(last, 0);
 }
 
+// The block's tokens xs[0 … len) against the row's max: the histogram in `bucket` (zeroed and
+// barriered by the caller) and the mass Σ exp(scaled − mx), each thread its strided tokens,
+// then block_sum, which ends past a barrier, so the buckets are complete on return.
+__device__ float mass_and_histogram(const float* __restrict__ xs, int len, float inv_t, float mx,
+                                    unsigned long long* bucket, float* partial) {
+  float mass = 0.f;
+  unsigned long long faint = 0;
+  for_each_strided(xs, len, [&](float v) {
+    const float s = v * inv_t;
+    if (s == s) mass += tally(s, mx, bucket, faint);
+  });
+  if (faint) atomicAdd(&bucket[kTopPBuckets - 1], faint);
+  return block_sum(mass, partial);
+}
+
 // out[row]: [count, row mass as f32 bits, ids[cap], scaled[cap] as f32 bits], one block a row
 // (rows too short to cut). The mass is summed in a fixed order (each thread its strided
 // elements, then block_sum), so a row gives the same bits every run; the buckets hold
@@ -333,14 +348,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   mx = s_max;
-  float mass = 0.f;
-  unsigned long long faint = 0;
-  for_each_strided(xr, n, [&](float v) {
-    const float s = v * inv_t;
-    if (s == s) mass += tally(s, mx, bucket, faint);
-  });
-  if (faint) atomicAdd(&bucket[kTopPBuckets - 1], faint);
-  mass = block_sum(mass, partial);  // ends past a barrier: the buckets are complete
+  const float mass = mass_and_histogram(xr, n, inv_t, mx, bucket, partial);
   if (threadIdx.x < 32) {
     const int last = last_bucket(bucket, mass, top_p);
     if (threadIdx.x == 0) {
@@ -414,14 +422,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = threadIdx.x; i < kTopPBuckets; i += kThreads) bucket[i] = 0ull;
   const float mx = row_max(sc.max + rs, gridDim.x);
   __syncthreads();
-  float mass = 0.f;
-  unsigned long long faint = 0;
-  for_each_strided(xs, len, [&](float v) {
-    const float s = v * inv_t;
-    if (s == s) mass += tally(s, mx, bucket, faint);
-  });
-  if (faint) atomicAdd(&bucket[kTopPBuckets - 1], faint);
-  mass = block_sum(mass, partial);  // ends past a barrier: the buckets are complete
+  const float mass = mass_and_histogram(xs, len, inv_t, mx, bucket, partial);
   if (threadIdx.x == 0) sc.mass[rs + blockIdx.x] = mass;
   unsigned long long* hist = sc.hist + int64_t(blockIdx.y) * kTopPBuckets;
   for (int b = threadIdx.x; b < kTopPBuckets; b += kThreads)
@@ -459,15 +460,8 @@ __global__ void __launch_bounds__(kThreads)
   const TopPKeep keep{row_max(sc.max + rs, gridDim.x), sc.last[blockIdx.y]};
   int mine = 0;
   for_each_strided(xs, len, [&](float v) { mine += keep(v * inv_t); });
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = mine;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int total = 0;
-    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-    sc.count[rs + blockIdx.x] = total;
-  }
+  const int total = block_sum(mine, partial);
+  if (threadIdx.x == 0) sc.count[rs + blockIdx.x] = total;
 }
 
 __global__ void __launch_bounds__(kThreads)

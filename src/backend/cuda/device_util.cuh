@@ -20,7 +20,8 @@ __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-__device__ __forceinline__ float warp_sum(float v) {
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -28,13 +29,14 @@ __device__ __forceinline__ float warp_sum(float v) {
 // One value per thread summed over the block: warp butterflies, then the warp totals in warp
 // order, so the order depends only on the block size. Ends past a barrier: every read the block
 // made before the call is complete (callers then overwrite their input in place). `partial`
-// is 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v, float* partial) {
+// is 32 values of shared memory.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* partial) {
   v = warp_sum(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  float total = 0.f;
+  T total = 0;
   for (int i = 0; i < warps; ++i) total += partial[i];
   return total;
 }

@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* xr = x + int64_t(blockIdx.y) * ldx;
   const int i0 = blockIdx.x * kSlice, i1 = min(n, i0 + kSlice);
   __shared__ float part_max[kWarps];
-  __shared__ double part_sum[kWarps];
+  __shared__ double part_sum[32];
   float mx = -INFINITY;
   for (int i = i0 + threadIdx.x; i < i1; i += kThreads) mx = fmaxf(mx, xr[i] * inv_t);
   mx = warp_max(mx);
@@ -43,13 +43,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, part_max[w]);
   double sum = 0;
   for (int i = i0 + threadIdx.x; i < i1; i += kThreads) sum += weight(xr[i], inv_t, mx);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (threadIdx.x % 32 == 0) part_sum[threadIdx.x / 32] = sum;
-  __syncthreads();
+  const double total = block_sum(sum, part_sum);
   if (threadIdx.x == 0) {
-    double total = 0;
-    for (int w = 0; w < kWarps; ++w) total += part_sum[w];
     double* out = partial + 2 * (int64_t(blockIdx.y) * gridDim.x + blockIdx.x);
     out[0] = double(mx);
     out[1] = total;
