@@ -110,11 +110,13 @@ TEST(AcceptanceRuleOnSupports, DrawMatchesTheDenseWalk) {
   Rng a(11), b(11);
   for (int i = 0; i < 1000; ++i) {
     const std::vector<float> v = d.dense(64);
-    double u = b.uniform(), acc = 0;
+    double total = 0, acc = 0;
+    for (float x : v) total += x;
+    const double target = b.uniform() * total;
     int32_t want = 40;
     for (int t = 0; t < 64; ++t) {
       acc += v[size_t(t)];
-      if (v[size_t(t)] > 0 && u * 1.0 < acc) {
+      if (v[size_t(t)] > 0 && target < acc) {
         want = t;
         break;
       }

@@ -153,7 +153,8 @@ TEST(SpeculativeSampling, DistributionEqualsPlainSampling) {
 // Temperature alone with the rows left where they are (LogitRows' DeviceRows form, which the
 // GPU uses; forced here on the CPU backend, whose defaults implement it on the host): draws,
 // p(d), q(d) and the replacement from max(0, p − q) through Backend::draw_from_rows (a block's
-// drafts in one call), scaled_at (a block's p(d) in one) and draw_from_excess.
+// drafts and their laws in one call), row_laws (a verification's laws and p(d) in one) and
+// draw_from_excess.
 TEST(SpeculativeSampling, DistributionEqualsPlainSamplingWithRowsLeftInPlace) {
   Pair pair("qwen3-vocab16-f32", "dflash-qwen3-vocab16-f32");
   setenv("DFLASH_LOGIT_ROWS", "device", 1);

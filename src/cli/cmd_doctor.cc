@@ -528,9 +528,10 @@ class Doctor {
   // Temperature alone, the rows left on the device: each row's law (max exact, mass) with the
   // scaled logit at an id a row (row_laws), at other ids (scaled_at), 200 calls drawing from
   // every row (the law each brings back must be row_laws' own, bit for bit) and 200 draws from
-  // the excess of each row over the next, the same uniforms on both backends. Draws must agree token for token (a
-  // uniform would have to land within rounding of a boundary to split them). Error: the
-  // largest relative difference of a mass or probability, 1 for any differing token.
+  // the excess of each row over the next, the same uniforms on both backends. Draws must agree
+  // token for token (a uniform would have to land within rounding of a boundary to split
+  // them). Error: the largest relative difference of a mass or probability, 1 for any
+  // differing token.
   void row_law(int64_t rows, int64_t cols, float temperature) {
     std::uniform_real_distribution<float> u01(0.f, 1.f);
     std::vector<float> host(size_t(rows * cols));
