@@ -2,7 +2,7 @@
 # One call on the GPU machine (the workplace's nvidia-h200 device): build with the CUDA
 # backend, run the GPU tests, `dflash doctor`, and the benchmarks; everything lands in $OUT
 # (at most 8 files come back: keep it to log, tests, doctor, bench_q8b.{txt,json}, bench_pycode,
-# forced, hf_side_by_side.json). Run from the repository root:
+# forced, hf_side_by_side.json, ncu). Run from the repository root:
 #
 #   scripts/gpu_run.sh            # all steps
 #   STEPS="build doctor" scripts/gpu_run.sh
@@ -211,6 +211,20 @@ if has sampled; then
         -n 64 --ignore-eos --no-adaptive $opts --seed 1 2>&1 | grep -E "^ALL|^time|^DFlash" | tee -a "$OUT/sampled.txt"
     fi
   done
+fi
+
+if has ncu; then
+  # Nsight Compute on the doctor's Qwen3-8B-shaped cases (--quick: 5 launches a case): by
+  # default the short kernels of a layer (q/k-norm/RoPE/store, split attention, merge), each
+  # launch alone (ncu serialises them, so PDL overlap is not in these times). The clocks are
+  # left as they are (--clock-control none). NCU_KERNELS / NCU_COUNT choose what and how many.
+  step "Nsight Compute: ${NCU_KERNELS:=split_kernel|split_merge|qk_norm_rope}"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout ${NCU_TIMEOUT:-200} "$NCU" --clock-control none -k "regex:$NCU_KERNELS" --launch-count ${NCU_COUNT:-70} \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section SchedulerStats --section SourceCounters \
+    "$BUILD/dflash" doctor --require-gpu --quick --bandwidth-gib 0 >"$OUT/ncu.txt" 2>&1
+  echo "ncu exit $?, $(wc -l <"$OUT/ncu.txt") lines"; grep -E "^  [a-z_].*\(|Duration" "$OUT/ncu.txt" | head -20
 fi
 
 if has golden; then

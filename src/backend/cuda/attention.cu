@@ -43,7 +43,9 @@ constexpr int kMaxHeadDim = 256;
 // one row at D = 128 with four query heads per KV head. The softmax takes two keys per lane,
 // which fixes the value at 64.
 constexpr int kChunk = 64;
-constexpr int kSplitThreads = 128;
+// Warps of a split block: 4, or 8 (DFLASH_ATTN_WARPS=8, measuring): the same numbers either
+// way, computed by more warps with half the serial work each.
+constexpr int kSplitWarps = 4;
 static_assert(kChunk == 64, "split_kernel's softmax assumes two keys per lane");
 
 __device__ __forceinline__ int64_t visible_keys(int64_t t, int64_t kv_len, int64_t q_pos0, bool causal) {
@@ -208,6 +210,7 @@ struct SplitArgs {
   bool causal, vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
+  bool merge_early;  // the merge triggers before its wait (DFLASH_CUDA_EARLY=attention_merge)
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -230,7 +233,7 @@ __device__ __forceinline__ void split_pv(const SplitArgs& a, const __nv_bfloat16
                                          int hg, int64_t t0, int h_base, int c, int64_t c0) {
   const int Dp = split_row_stride(a.D8), n_d4 = (a.D + 3) / 4;
   const int items = (nq + QV - 1) / QV * n_d4;
-  for (int i = threadIdx.x; i < items; i += kSplitThreads) {
+  for (int i = threadIdx.x; i < items; i += int(blockDim.x)) {
     const int d0 = (i % n_d4) * 4, qv0 = (i / n_d4) * QV;
     int nv[QV], nv_max = 0;
 #pragma unroll
@@ -281,12 +284,12 @@ __device__ __forceinline__ void split_pv(const SplitArgs& a, const __nv_bfloat16
 __device__ __forceinline__ void stage_chunk_kv(const SplitArgs& a, __nv_bfloat16* Ks, __nv_bfloat16* Vs, int Dp,
                                                const __nv_bfloat16* kb, const __nv_bfloat16* vb, int n_load) {
   const int segs = a.D / 8;
-  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+  for (int i = threadIdx.x; i < n_load * segs; i += int(blockDim.x)) {
     const int j = i / segs, s8 = (i % segs) * 8;
     cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8);
   }
   cp_async_commit();
-  for (int i = threadIdx.x; i < n_load * segs; i += kSplitThreads) {
+  for (int i = threadIdx.x; i < n_load * segs; i += int(blockDim.x)) {
     const int j = i / segs, s8 = (i % segs) * 8;
     cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8);
   }
@@ -300,7 +303,7 @@ __device__ __forceinline__ void stage_chunk_kv(const SplitArgs& a, __nv_bfloat16
 __device__ __forceinline__ void chunk_softmax(const SplitArgs& a, float* Ss, int nq, int hg, int64_t t0, int h_base,
                                               int c, int64_t c0) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int qv = warp; qv < nq; qv += kSplitThreads / 32) {
+  for (int qv = warp; qv < nq; qv += int(blockDim.x) / 32) {
     const int64_t t = t0 + qv / hg;
     const int nv = keys_in_chunk(visible_keys(t, a.kv_len, a.q_pos0, a.causal), c0);
     if (nv == 0) continue;  // this chunk is past the row's last key
@@ -336,7 +339,7 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   } else {
     // Zero padding up to D8: the score loop then reads whole 8-element groups.
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
-    for (int i = threadIdx.x; i < n_load * D8; i += kSplitThreads) {
+    for (int i = threadIdx.x; i < n_load * D8; i += int(blockDim.x)) {
       const int j = i / D8, d = i % D8;
       Ks[j * Dp + d] = d < D ? kb[j * a.ldk + d] : zero;
       Vs[j * Dp + d] = d < D ? vb[j * a.ldv + d] : zero;
@@ -344,7 +347,7 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   }
   // Queries, scaled by head_dim^-0.5 · log2(e) once so the softmax runs on exp2; rows of the
   // last group of four past nq are zeros (their scores are computed and ignored).
-  for (int i = threadIdx.x; i < nq4 * D8; i += kSplitThreads) {
+  for (int i = threadIdx.x; i < nq4 * D8; i += int(blockDim.x)) {
     const int qv = i / D8, d = i % D8;
     float x = 0.f;
     if (qv < nq && d < D)
@@ -356,7 +359,7 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
 
   // Scores: one key per thread against four queries (broadcast reads of q, one read of the key
   // row per 8 elements); every dot product runs d = 0 … D8 − 1 in order.
-  for (int i = threadIdx.x; i < nq4 / 4 * kChunk; i += kSplitThreads) {
+  for (int i = threadIdx.x; i < nq4 / 4 * kChunk; i += int(blockDim.x)) {
     const int j = i % kChunk, q4 = i / kChunk;
     if (j >= n_load) continue;
     const __nv_bfloat16* kr = Ks + j * Dp;
@@ -414,9 +417,9 @@ __device__ __forceinline__ uint32_t bf16_pair_bits(__nv_bfloat162 v) { return *r
 // Batch invariance as in split_chunk: an mma computes each row of its result from that row of
 // A alone, every k step is taken in order, probabilities past a row's visible keys are exact
 // zeros and the V rows past the loaded keys are zeroed, so a row's partials depend only on its
-// query, its visible count and the keys. Warp w computes the scores of keys 16w … 16w + 15 and
-// the output columns 8(w + 4i) … of every m16 tile.
-static_assert(kChunk == 16 * (kSplitThreads / 32), "split_chunk_mma: sixteen keys of the chunk per warp");
+// query, its visible count and the keys. Of W warps, warp w computes the scores of keys
+// (64/W)·w … (64/W)·(w + 1) − 1 and the output columns 8(w + W·i) … of every m16 tile.
+template <int W>
 __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
                                                 int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, Dp = split_row_stride(a.D8);
@@ -430,13 +433,13 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
     stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   const int segs = D / 8;
   // V rows past the loaded keys meet probabilities of exactly 0, which must not meet NaNs.
-  for (int i = threadIdx.x; i < (kChunk - n_load) * segs; i += kSplitThreads) {
+  for (int i = threadIdx.x; i < (kChunk - n_load) * segs; i += int(blockDim.x)) {
     const int j = n_load + i / segs, s8 = (i % segs) * 8;
     *reinterpret_cast<uint4*>(Vs + j * Dp + s8) = make_uint4(0, 0, 0, 0);
   }
   if (a.diag & 2) {
   } else if (a.qvec) {
-    for (int i = threadIdx.x; i < mtiles * 16 * segs; i += kSplitThreads) {
+    for (int i = threadIdx.x; i < mtiles * 16 * segs; i += int(blockDim.x)) {
       const int qv = i / segs, s8 = (i % segs) * 8;
       *reinterpret_cast<uint4*>(Qs + qv * Dp + s8) =
           qv < nq ? *reinterpret_cast<const uint4*>(a.q + (t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + s8)
@@ -444,7 +447,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
     }
   } else {
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
-    for (int i = threadIdx.x; i < mtiles * 16 * D; i += kSplitThreads) {
+    for (int i = threadIdx.x; i < mtiles * 16 * D; i += int(blockDim.x)) {
       const int qv = i / D, d = i % D;
       Qs[qv * Dp + d] = qv < nq ? a.q[(t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + d] : zero;
     }
@@ -453,8 +456,10 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  constexpr int kKeys = kChunk / W, kTiles = kKeys / 8;  // the warp's keys of the chunk, in n8 tiles
+  static_assert(kKeys % 8 == 0, "split_chunk_mma: whole n8 tiles of keys per warp");
   for (int mt = 0; mt < (a.diag & 4 ? 0 : mtiles); ++mt) {
-    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float acc[kTiles][4] = {};
     for (int k0 = 0; k0 < D; k0 += 16) {
       const __nv_bfloat16* qa = Qs + (mt * 16 + g) * Dp + k0 + 2 * t;
       const uint32_t a0 = *reinterpret_cast<const uint32_t*>(qa);
@@ -462,17 +467,17 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
       const uint32_t a2 = *reinterpret_cast<const uint32_t*>(qa + 8);
       const uint32_t a3 = *reinterpret_cast<const uint32_t*>(qa + 8 * Dp + 8);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const __nv_bfloat16* kr = Ks + (warp * 16 + nt * 8 + g) * Dp + k0 + 2 * t;
+      for (int nt = 0; nt < kTiles; ++nt) {
+        const __nv_bfloat16* kr = Ks + (warp * kKeys + nt * 8 + g) * Dp + k0 + 2 * t;
         mma_bf16_16x8x16(acc[nt], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kr),
                          *reinterpret_cast<const uint32_t*>(kr + 8));
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        Ss[(mt * 16 + g + (i / 2) * 8) * kChunk + warp * 16 + nt * 8 + 2 * t + i % 2] = acc[nt][i] * a.scale_log2;
+        Ss[(mt * 16 + g + (i / 2) * 8) * kChunk + warp * kKeys + nt * 8 + 2 * t + i % 2] = acc[nt][i] * a.scale_log2;
   }
   __syncthreads();
 
@@ -482,7 +487,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   if (a.diag & 16) return;
 
   const int dtiles = D / 8;
-  constexpr int kMaxTilesPerWarp = kMaxHeadDim / 8 / (kSplitThreads / 32);
+  constexpr int kMaxTilesPerWarp = kMaxHeadDim / 8 / W;
   static_assert(kMaxTilesPerWarp % 2 == 0, "V fragments are loaded for two tiles at a time");
   for (int mt = 0; mt < mtiles; ++mt) {
     float acc[kMaxTilesPerWarp][4];
@@ -502,17 +507,17 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
       const __nv_bfloat162 l10 = __floats2bfloat162_rn(q10.x - __low2float(h10), q10.y - __high2float(h10));
       const __nv_bfloat162 l01 = __floats2bfloat162_rn(q01.x - __low2float(h01), q01.y - __high2float(h01));
       const __nv_bfloat162 l11 = __floats2bfloat162_rn(q11.x - __low2float(h11), q11.y - __high2float(h11));
-      // The warp's tiles dt = warp + 4i two at a time (dt and dt + 4): one transposed ldmatrix
+      // The warp's tiles dt = warp + W·i two at a time (dt and dt + W): one transposed ldmatrix
       // gives both tiles' B fragments (keys k0 … k0 + 15, head dimensions 8·dt …), the same
       // values the mma's took from scalar loads before.
 #pragma unroll
       for (int i = 0; i < kMaxTilesPerWarp; i += 2) {
-        const int dt = warp + i * (kSplitThreads / 32);
+        const int dt = warp + i * W;
         if (dt >= dtiles) break;
-        const bool both = dt + kSplitThreads / 32 < dtiles;  // warp-uniform
+        const bool both = dt + W < dtiles;  // warp-uniform
         const int m = lane / 8;
         uint32_t b[4];
-        ldmatrix_trans(b, Vs + (k0 + lane % 8 + 8 * (m & 1)) * Dp + (dt + (kSplitThreads / 32) * (m >> 1)) * 8, both);
+        ldmatrix_trans(b, Vs + (k0 + lane % 8 + 8 * (m & 1)) * Dp + (dt + W * (m >> 1)) * 8, both);
         mma_bf16_16x8x16(acc[i], bf16_pair_bits(h00), bf16_pair_bits(h10), bf16_pair_bits(h01), bf16_pair_bits(h11),
                          b[0], b[1]);
         if (!(a.diag & 32))
@@ -538,7 +543,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
       float* dst = a.part_o + ((tq * a.hq + h_base + qv % hg) * a.nc + c) * a.D;
 #pragma unroll
       for (int i = 0; i < kMaxTilesPerWarp; ++i) {
-        const int dt = warp + i * (kSplitThreads / 32);
+        const int dt = warp + i * W;
         if (dt >= dtiles) break;
         *reinterpret_cast<float2*>(dst + dt * 8 + 2 * t) = make_float2(acc[i][2 * half], acc[i][2 * half + 1]);
       }
@@ -547,7 +552,8 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
 }
 
 // One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-__global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a) {
+template <int W>
+__global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, kvh = blockIdx.y;
   const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
@@ -562,7 +568,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
   grid_dependency_begin();
   if (n_load > 0) {
-    if (a.mma) split_chunk_mma(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
     else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   }
 }
@@ -578,7 +584,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const SplitArgs a)
 constexpr int kMergeEarlyChunks = 16;
 template <int V>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin();
+  grid_dependency_begin(a.merge_early);
   const int lane = threadIdx.x % 32;
   const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
   if (pair >= a.T * a.hq) return;  // whole warps
@@ -662,7 +668,7 @@ bool split_mma_enabled() {
   static const bool enabled = [] {
     if (const char* e = std::getenv("DFLASH_ATTN_MMA"); e && std::string(e) == "0") return false;
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, split_kernel) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, split_kernel<kSplitWarps>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -734,6 +740,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       return e ? std::atoi(e) : 0;
     }();
     a.diag = diag;
+    a.merge_early = op_listed(OpList::Early, "attention_merge");
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they
@@ -760,14 +767,19 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       const int nq = a.rows_per_block * a.heads_per_block;
       const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
-      static const cudaError_t opt_in = cudaFuncSetAttribute(
-          split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-          static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
-                                     split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)})));
+      static const int warps = [] {
+        const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
+        return e && std::atoi(e) == 8 ? 8 : kSplitWarps;
+      }();
+      auto* kernel = warps == 8 ? split_kernel<8> : split_kernel<4>;
+      static const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
+                                                             split_mma_smem_bytes(128, 64),
+                                                             split_mma_smem_bytes(kMaxHeadDim, 32)}));
+      static const cudaError_t opt_in = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max);
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      launch_kernel("attention", split_kernel, grid, kSplitThreads, smem, s, a);
+      launch_kernel("attention", kernel, grid, warps * 32, smem, s, a);
     }
     launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
                   128, 0, s, a);
