@@ -225,11 +225,13 @@ if has ncu; then
     --section SchedulerStats --section SourceCounters \
     "$BUILD/dflash" doctor --require-gpu --quick --bandwidth-gib 0 >"$OUT/ncu.txt" 2>&1
   echo "ncu exit $?, $(wc -l <"$OUT/ncu.txt") lines"; grep -E "^  [a-z_].*\(|Duration" "$OUT/ncu.txt" | head -20
-  # NCU_SOURCE="skip skip …": per-SASS-line counters (stall samples, instructions executed) of
-  # the split attention kernel's launch after that many (with --quick: 0 = one row, 5 = 16 rows).
-  for skip in ${NCU_SOURCE:-}; do
-    echo "=== split_kernel after $skip launches" >>"$OUT/ncu_src.txt"
-    timeout 120 "$NCU" --clock-control none -k regex:split_kernel --launch-skip "$skip" --launch-count 1 \
+  # NCU_SOURCE="kernel:skip …": per-SASS-line counters (stall samples, instructions executed)
+  # of that kernel's launch after `skip` of its launches (with --quick the doctor launches each
+  # of its cases 5 times: split_kernel:0 is one row, split_kernel:5 16 rows).
+  for pick in ${NCU_SOURCE:-}; do
+    kernel=${pick%%:*} skip=${pick##*:}
+    echo "=== $kernel after $skip launches" >>"$OUT/ncu_src.txt"
+    timeout 120 "$NCU" --clock-control none -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
       --section SourceCounters --page source --print-source sass --csv \
       "$BUILD/dflash" doctor --require-gpu --quick --bandwidth-gib 0 >>"$OUT/ncu_src.txt" 2>&1
     echo "ncu source exit $?"
