@@ -86,7 +86,9 @@ fi
 
 if has build; then
   step "configure + build ($BUILD, -DDFLASH_CUDA=ON)"
-  cmake -S . -B "$BUILD" -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${CMAKE_DEPS[@]}" >"$OUT/configure.txt" 2>&1 \
+  # -lineinfo: source lines for ncu's per-line counters (debug info only; the code is the same).
+  cmake -S . -B "$BUILD" -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    -DCMAKE_CUDA_FLAGS=-lineinfo "${CMAKE_DEPS[@]}" >"$OUT/configure.txt" 2>&1 \
     || { tail -40 "$OUT/configure.txt"; echo "configure FAILED"; exit 1; }
   t0=$(date +%s)
   # The whole log to a file (a `| head` here would kill the build with SIGPIPE), then its errors.
@@ -232,7 +234,7 @@ if has ncu; then
     kernel=${pick%%:*} skip=${pick##*:}
     echo "=== $kernel after $skip launches" >>"$OUT/ncu_src.txt"
     timeout 120 "$NCU" --clock-control none -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
-      --section SourceCounters --page source --print-source sass --csv \
+      --section SourceCounters --page source --print-source ${NCU_PRINT:-sass} --csv \
       "$BUILD/dflash" doctor --require-gpu --quick --bandwidth-gib 0 >>"$OUT/ncu_src.txt" 2>&1
     echo "ncu source exit $?"
   done
