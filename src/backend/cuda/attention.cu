@@ -210,11 +210,9 @@ struct SplitArgs {
   bool causal, vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
-  bool merge_early;  // the merge triggers before its wait (DFLASH_CUDA_EARLY=attention_merge)
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
-  // low-part mma's, 64 the partial-output stores; 128 changes nothing's result but loads the
-  // queries synchronously after the K/V copies and divides per segment, as before 2026-11-30.
+  // low-part mma's, 64 the partial-output stores.
   int diag;
 };
 
@@ -284,9 +282,9 @@ __device__ __forceinline__ void split_pv(const SplitArgs& a, const __nv_bfloat16
 // 128 or 256 and any block size here) each thread keeps one column and divides once: the
 // division per segment was a fifth of the split kernel's instructions (ncu, H200, 2026-11-30).
 template <typename F>
-__device__ __forceinline__ void for_row_segments(int rows, int segs, F&& f, bool hoist = true) {
+__device__ __forceinline__ void for_row_segments(int rows, int segs, F&& f) {
   const int threads = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
-  if (hoist && threads % segs == 0) {
+  if (threads % segs == 0) {
     const int step = threads / segs, s8 = (tid % segs) * 8;
     for (int j = tid / segs; j < rows; j += step) f(j, s8);
   } else {
@@ -300,10 +298,9 @@ __device__ __forceinline__ void for_row_segments(int rows, int segs, F&& f, bool
 __device__ __forceinline__ void stage_chunk_kv(const SplitArgs& a, __nv_bfloat16* Ks, __nv_bfloat16* Vs, int Dp,
                                                const __nv_bfloat16* kb, const __nv_bfloat16* vb, int n_load) {
   const int segs = a.D / 8;
-  const bool hoist = !(a.diag & 128);
-  for_row_segments(n_load, segs, [&](int j, int s8) { cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8); }, hoist);
+  for_row_segments(n_load, segs, [&](int j, int s8) { cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8); });
   cp_async_commit();
-  for_row_segments(n_load, segs, [&](int j, int s8) { cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8); }, hoist);
+  for_row_segments(n_load, segs, [&](int j, int s8) { cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8); });
   cp_async_commit();
 }
 
@@ -404,7 +401,7 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   if (a.vec) cp_async_wait<0>();
   __syncthreads();
 
-  // A decode step has a handful of queries: one per thread item keeps all 128 threads busy.
+  // A decode step has a handful of queries: one per thread item keeps the block busy.
   // Verification tiles have up to 64: four per item share each value load.
   if (nq <= 8) split_pv<1>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
   else split_pv<4>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
@@ -444,7 +441,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   // The queries first, as asynchronous copies in K's commit group: they were written by the
   // kernel just before (an L2 round trip), and a load here used to wait alone before the K/V
   // copies could be waited for.
-  if (!(a.diag & (2 | 128)) && a.qvec) {
+  if (!(a.diag & 2) && a.qvec) {
     for_row_segments(mtiles * 16, segs, [&](int qv, int s8) {
       if (qv < nq) cp_async16(Qs + qv * Dp + s8, a.q + (t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + s8);
       else *reinterpret_cast<uint4*>(Qs + qv * Dp + s8) = make_uint4(0, 0, 0, 0);
@@ -460,14 +457,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   for_row_segments(kChunk - n_load, segs, [&](int j, int s8) {
     *reinterpret_cast<uint4*>(Vs + (n_load + j) * Dp + s8) = make_uint4(0, 0, 0, 0);
   });
-  if (a.diag & 128 && a.qvec) {  // measuring: the queries' synchronous load after the K/V copies, as before
-    for (int i = threadIdx.x; i < mtiles * 16 * segs; i += int(blockDim.x)) {
-      const int qv = i / segs, s8 = (i % segs) * 8;
-      *reinterpret_cast<uint4*>(Qs + qv * Dp + s8) =
-          qv < nq ? *reinterpret_cast<const uint4*>(a.q + (t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + s8)
-                  : make_uint4(0, 0, 0, 0);
-    }
-  } else if (a.diag & 2 || a.qvec) {
+  if (a.diag & 2 || a.qvec) {
   } else {
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
     for (int i = threadIdx.x; i < mtiles * 16 * D; i += int(blockDim.x)) {
@@ -608,7 +598,7 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
 constexpr int kMergeEarlyChunks = 16;
 template <int V>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin(a.merge_early);
+  grid_dependency_begin();
   const int lane = threadIdx.x % 32;
   const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
   if (pair >= a.T * a.hq) return;  // whole warps
@@ -764,7 +754,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       return e ? std::atoi(e) : 0;
     }();
     a.diag = diag;
-    a.merge_early = op_listed(OpList::Early, "attention_merge");
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they

@@ -554,15 +554,8 @@ class CudaBackend final : public Backend {
     auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(logits.rows, logits.cols), "row_laws");
     cuda::row_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, static_cast<double*>(dev.get()),
                    scratch.get(), stream_);
-    std::shared_ptr<void> dev_at;
-    if (n) {
-      dev_at = pool_->allocate(pairs.size() * sizeof(int64_t), "row_laws");
-      check(cudaMemcpyAsync(dev_at.get(), pairs.data(), pairs.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
-                            stream_),
-            "row_laws", "host to device copy");
-      cuda::scaled_at(logits.ptr<float>(), logits.ld, inv_t, static_cast<const int64_t*>(dev_at.get()), int(n),
-                      reinterpret_cast<float*>(static_cast<char*>(dev.get()) + law_bytes), stream_);
-    }
+    if (n) queue_scaled_at(logits, inv_t, pairs, reinterpret_cast<float*>(static_cast<char*>(dev.get()) + law_bytes),
+                           "row_laws");
     const char* host = read_back(dev.get(), bytes, "row_laws");
     const auto* law = reinterpret_cast<const double*>(host);
     for (size_t r = 0; r < rows; ++r) out.law.push_back({static_cast<float>(law[2 * r]), law[2 * r + 1]});
@@ -583,14 +576,22 @@ class CudaBackend final : public Backend {
       pairs.push_back(r);
       pairs.push_back(id);
     }
-    auto dev_at = pool_->allocate(pairs.size() * sizeof(int64_t), "scaled_at");
     auto dev_out = pool_->allocate(out.size() * sizeof(float), "scaled_at");
-    check(cudaMemcpyAsync(dev_at.get(), pairs.data(), pairs.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
-          "scaled_at", "host to device copy");
-    cuda::scaled_at(logits.ptr<float>(), logits.ld, inv_t, static_cast<const int64_t*>(dev_at.get()),
-                    static_cast<int>(at.size()), static_cast<float*>(dev_out.get()), stream_);
+    queue_scaled_at(logits, inv_t, pairs, static_cast<float*>(dev_out.get()), "scaled_at");
     copy_back(out.data(), dev_out.get(), out.size() * sizeof(float), "scaled_at");
     return out;
+  }
+
+  // Queues the scaled logits at the flattened (row, id) pairs into dev_out. The pairs' device
+  // copy may go back to the pool on return: its next user is queued behind this kernel, and a
+  // copy from pageable memory is staged before cudaMemcpyAsync returns.
+  void queue_scaled_at(const Tensor& logits, float inv_t, const std::vector<int64_t>& pairs, float* dev_out,
+                       const char* op) {
+    auto dev_at = pool_->allocate(pairs.size() * sizeof(int64_t), op);
+    check(cudaMemcpyAsync(dev_at.get(), pairs.data(), pairs.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
+          op, "host to device copy");
+    cuda::scaled_at(logits.ptr<float>(), logits.ld, inv_t, static_cast<const int64_t*>(dev_at.get()),
+                    static_cast<int>(pairs.size() / 2), dev_out, stream_);
   }
 
   std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u) override {

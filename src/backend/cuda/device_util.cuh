@@ -134,19 +134,10 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[4], const void* sme
 // follows lets the next kernel be scheduled now that this one has nothing left to wait for;
 // it is placed after the wait so at most one kernel waits ahead. No-ops where the kernel was
 // launched without the attribute, and on pre-sm_90 targets.
-//
-// trigger_first (measuring, DFLASH_CUDA_EARLY): the trigger comes before the wait, so the next
-// kernel (a product after the attention merge) becomes resident and loads its first weights
-// while this one still waits. No deadlock: a kernel is scheduled only once every block of the
-// one before it has triggered or exited, so a waiting kernel never holds slots its
-// predecessor still needs.
-__device__ __forceinline__ void grid_dependency_begin(bool trigger_first = false) {
+__device__ __forceinline__ void grid_dependency_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (trigger_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (!trigger_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#else
-  (void)trigger_first;
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

@@ -33,18 +33,15 @@ inline bool pdl_enabled() {
 // Measuring only, read once: DFLASH_CUDA_PDL_SKIP="op,op" launches those ops without the
 // attribute (which kernel gains or loses by it); DFLASH_CUDA_NOOP="op,op" launches nothing for
 // them, so a step's time without them shows what they cost inside it (the results are then
-// wrong); DFLASH_CUDA_EARLY="op,op" lets those ops' kernels, where they support it, trigger
-// their dependents before waiting (grid_dependency_begin's trigger_first). `op` is
-// launch_kernel's name for the op.
-enum class OpList { PdlSkip, NoOp, Early };
+// wrong). `op` is launch_kernel's name for the op.
+enum class OpList { PdlSkip, NoOp };
 inline bool op_listed(OpList which, const char* op) {
   auto read = [](const char* var) {
     const char* e = std::getenv(var);
     return e ? "," + std::string(e) + "," : std::string();
   };
-  static const std::string pdl_skip = read("DFLASH_CUDA_PDL_SKIP"), noop = read("DFLASH_CUDA_NOOP"),
-                           early = read("DFLASH_CUDA_EARLY");
-  const std::string& list = which == OpList::NoOp ? noop : which == OpList::Early ? early : pdl_skip;
+  static const std::string pdl_skip = read("DFLASH_CUDA_PDL_SKIP"), noop = read("DFLASH_CUDA_NOOP");
+  const std::string& list = which == OpList::NoOp ? noop : pdl_skip;
   return !list.empty() && list.find("," + std::string(op) + ",") != std::string::npos;
 }
 
