@@ -212,8 +212,7 @@ struct SplitArgs {
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
-  // low-part mma's, 64 the partial-output stores; 128 changes no result: split_chunk_mma works
-  // out each query's indices where it uses them instead of once in a table.
+  // low-part mma's, 64 the partial-output stores.
   int diag;
 };
 
@@ -309,20 +308,12 @@ __device__ __forceinline__ void stage_chunk_kv(const SplitArgs& a, __nv_bfloat16
 // unnormalised probabilities out, 0 past its visible keys), and the chunk's (max, sum) into
 // part_ml: one warp per query, keys lane and lane + 32. The max is exact in any order; the sum
 // is the fixed butterfly of warp_sum. A query that sees no key of the chunk is left alone.
-// `queries` (may be null): the block's query_table.
 __device__ __forceinline__ void chunk_softmax(const SplitArgs& a, float* Ss, int nq, int hg, int64_t t0, int h_base,
-                                              int c, int64_t c0, const int2* queries = nullptr) {
+                                              int c, int64_t c0) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int qv = warp; qv < nq; qv += int(blockDim.x) / 32) {
-    int pair, nv;
-    if (queries) {
-      pair = queries[qv].x;
-      nv = queries[qv].y;
-    } else {
-      const int64_t t = t0 + qv / hg;
-      pair = static_cast<int>(t * a.hq + h_base + qv % hg);
-      nv = keys_in_chunk(visible_keys(t, a.kv_len, a.q_pos0, a.causal), c0);
-    }
+    const int64_t t = t0 + qv / hg;
+    const int nv = keys_in_chunk(visible_keys(t, a.kv_len, a.q_pos0, a.causal), c0);
     if (nv == 0) continue;  // this chunk is past the row's last key
     float* srow = Ss + qv * kChunk;
     const float sa = lane < nv ? srow[lane] : -INFINITY;
@@ -333,7 +324,7 @@ __device__ __forceinline__ void chunk_softmax(const SplitArgs& a, float* Ss, int
     srow[lane] = pa;
     srow[lane + 32] = pb;
     const float l = warp_sum(pa + pb);
-    if (lane == 0) a.part_ml[int64_t(pair) * a.nc + c] = make_float2(m, l);
+    if (lane == 0) a.part_ml[(t * a.hq + h_base + qv % hg) * a.nc + c] = make_float2(m, l);
   }
 }
 
@@ -418,10 +409,10 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
 
 // Shared memory of one tensor-core split block: K and V as in split_chunk, then the queries as
 // bf16 rows of D8 + 8 for whole m16 tiles (rows past the tile's queries zero), then f32 scores
-// and probabilities for those rows, then the query table (split_chunk_mma).
+// and probabilities for those rows.
 __host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq) {
   return size_t(2) * kChunk * split_row_stride(D8) * 2 + size_t((nq + 15) / 16 * 16) * split_row_stride(D8) * 2 +
-         size_t((nq + 15) / 16 * 16) * kChunk * 4 + size_t((nq + 15) / 16 * 16) * sizeof(int2);
+         size_t((nq + 15) / 16 * 16) * kChunk * 4;
 }
 
 __device__ __forceinline__ uint32_t bf16_pair_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
@@ -445,18 +436,6 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __nv_bfloat16* Vs = Ks + kChunk * Dp;
   __nv_bfloat16* Qs = Vs + kChunk * Dp;
   auto* Ss = reinterpret_cast<float*>(Qs + mtiles * 16 * Dp);
-  // Per query of the tile: (row · hq + head, its visible keys in this chunk), worked out once
-  // by one thread each instead of by every warp that needs them (a signed division by the group
-  // size and 64-bit arithmetic each time: ncu counted the softmax's and the stores' index
-  // arithmetic among the kernel's larger parts). Measuring: DFLASH_ATTN_DIAG=128 leaves it out.
-  auto* queries = reinterpret_cast<int2*>(Ss + mtiles * 16 * kChunk);
-  const bool table = !(a.diag & 128);
-  if (table && int(threadIdx.x) < nq) {
-    const int qv = threadIdx.x;
-    const int64_t tq = t0 + qv / hg;
-    queries[qv] = make_int2(static_cast<int>(tq * a.hq + h_base + qv % hg),
-                            keys_in_chunk(visible_keys(tq, a.kv_len, a.q_pos0, a.causal), c0));
-  }
 
   const int segs = D / 8;
   // The queries first, as asynchronous copies in K's commit group: they were written by the
@@ -516,7 +495,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
   __syncthreads();
 
-  if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0, table ? queries : nullptr);
+  if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0);
   cp_async_wait<0>();
   __syncthreads();
   if (a.diag & 16) return;
@@ -573,17 +552,9 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
     for (int half = 0; half < 2; ++half) {
       const int qv = mt * 16 + g + half * 8;
       if (qv >= nq) continue;
-      int pair, nv;
-      if (table) {
-        pair = queries[qv].x;
-        nv = queries[qv].y;
-      } else {
-        const int64_t tq = t0 + qv / hg;
-        pair = static_cast<int>(tq * a.hq + h_base + qv % hg);
-        nv = keys_in_chunk(visible_keys(tq, a.kv_len, a.q_pos0, a.causal), c0);
-      }
-      if (nv == 0) continue;
-      float* dst = a.part_o + (int64_t(pair) * a.nc + c) * a.D;
+      const int64_t tq = t0 + qv / hg;
+      if (keys_in_chunk(visible_keys(tq, a.kv_len, a.q_pos0, a.causal), c0) == 0) continue;
+      float* dst = a.part_o + ((tq * a.hq + h_base + qv % hg) * a.nc + c) * a.D;
 #pragma unroll
       for (int i = 0; i < kMaxTilesPerWarp; ++i) {
         const int dt = warp + i * W;
