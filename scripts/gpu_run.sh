@@ -9,6 +9,7 @@
 #   STEPS="build bench ab" AB="DFLASH_CUDA_PDL=0|" scripts/gpu_run.sh   # A/B under settings
 #   DOCTOR_ARGS=--bandwidth-sweep STEPS="build doctor" scripts/gpu_run.sh   # read-bandwidth sweep too
 #   STEPS="build tests" TEST_AB="DFLASH_CUDA_PDL=0" scripts/gpu_run.sh   # tests again under settings
+#   STEPS="build ncu" NCU_SOURCE="split_kernel:5" scripts/gpu_run.sh   # Nsight Compute (step "ncu")
 #
 # The device image is Ubuntu with CUDA, CMake 4 and g++ 13 but may lack the engine's system
 # libraries (nlohmann-json, CLI11, PCRE2, utf8proc, OpenMP OpenBLAS, GoogleTest). Those come
