@@ -131,10 +131,14 @@ RowLaws Backend::row_laws(const Tensor& logits, float inv_t, const std::vector<i
   if (int64_t(ids.size()) > logits.rows)
     throw Error("row_laws: " + std::to_string(ids.size()) + " ids for " + logits.describe());
   RowLaws out;
-  for (int64_t r = 0; r < logits.rows; ++r) out.law.push_back(law_of(host_row(*this, logits, r, "row_laws"), inv_t));
-  std::vector<std::pair<int64_t, int32_t>> at;
-  for (size_t r = 0; r < ids.size(); ++r) at.emplace_back(int64_t(r), ids[r]);
-  out.scaled = scaled_at(logits, inv_t, at);
+  for (int64_t r = 0; r < logits.rows; ++r) {
+    const std::vector<float> row = host_row(*this, logits, r, "row_laws");
+    out.law.push_back(law_of(row, inv_t));
+    if (size_t(r) >= ids.size()) continue;
+    const int32_t id = ids[size_t(r)];
+    if (id < 0 || id >= logits.cols) throw Error("row_laws: id " + std::to_string(id) + " of " + logits.describe());
+    out.scaled.push_back(row[size_t(id)] * inv_t);  // from the row in hand, not a download of its own
+  }
   return out;
 }
 
