@@ -117,53 +117,6 @@ TEST(CudaAttention, SplitKvRowsInBlockEqualRowsAlone) {
   check_attention_rows_alone(*backend, 5, 6, 6, 12, 130, 125, AttentionMask::Causal);
 }
 
-// The split kernel's tiles merge their own chunks (each tile's last block, through shared
-// memory); DFLASH_ATTN_MERGE=launch makes a backend merge in a launch of its own. Both must give
-// the same bits: a row may take either path (the in-kernel merge needs a counter per tile and
-// a pair's partials in shared memory), and decode and verification rows must agree.
-std::vector<float> attention_on(Backend& gpu, const std::vector<float>& q, const std::vector<float>& kv, int64_t T,
-                                int64_t hq, int64_t hkv, int64_t D, int64_t kv_len, AttentionMask mask) {
-  auto to_gpu = [&](const std::vector<float>& h, int64_t rows, int64_t cols) {
-    Tensor f = gpu.upload(h.data(), rows, cols);
-    Tensor b = gpu.alloc(rows, cols, DType::BF16);
-    gpu.copy(f, b);
-    return b;
-  };
-  const Tensor gq = to_gpu(q, T, hq * D), gkv = to_gpu(kv, kv_len, hkv * D);
-  Tensor out = gpu.alloc(T, hq * D, DType::BF16);
-  gpu.attention(gq, gkv, gkv, kv_len, kv_len - T, D, mask, out);
-  return download(gpu, out);
-}
-
-TEST(CudaAttention, MergeInSplitKernelEqualsMergeLaunch) {
-  REQUIRE_GPU(in_kernel);
-  setenv("DFLASH_ATTN_MERGE", "launch", 1);  // read when a backend is made
-  auto launched = make_cuda_backend();
-  unsetenv("DFLASH_ATTN_MERGE");
-  ASSERT_TRUE(launched);
-  struct Case {
-    int64_t T, hq, hkv, D, kv_len;
-    AttentionMask mask;
-  };
-  // Decode and verification at Qwen3-8B's heads (1500 keys: a tile's pairs merge in groups), the
-  // drafter's unmasked block, head_dim 64 and 256, and 6000 keys, past what shared memory holds
-  // (both backends then launch the merge).
-  for (const Case c : {Case{1, 32, 8, 128, 613, AttentionMask::Causal}, Case{16, 32, 8, 128, 1500, AttentionMask::Causal},
-                       Case{16, 32, 8, 128, 300, AttentionMask::None}, Case{32, 8, 2, 64, 777, AttentionMask::Causal},
-                       Case{16, 16, 1, 256, 200, AttentionMask::Causal}, Case{1, 32, 8, 128, 6000, AttentionMask::Causal}}) {
-    SCOPED_TRACE("T " + std::to_string(c.T) + ", D " + std::to_string(c.D) + ", kv_len " + std::to_string(c.kv_len));
-    std::mt19937 rng(static_cast<uint32_t>(c.T * 31 + c.kv_len));
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> q(size_t(c.T * c.hq * c.D)), kv(size_t(c.kv_len * c.hkv * c.D));
-    for (auto& x : q) x = 2.f * nd(rng);
-    for (auto& x : kv) x = nd(rng);
-    const auto a = attention_on(*in_kernel, q, kv, c.T, c.hq, c.hkv, c.D, c.kv_len, c.mask);
-    const auto b = attention_on(*launched, q, kv, c.T, c.hq, c.hkv, c.D, c.kv_len, c.mask);
-    for (const float x : a) ASSERT_TRUE(std::isfinite(x));
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
-  }
-}
-
 // One layer's T new rows through q/k-norm, RoPE and the cache store, then attention, as a
 // verification block and row by row as decode steps: the outputs and the cache rows written
 // must be equal, bit for bit.

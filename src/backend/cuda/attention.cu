@@ -68,14 +68,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
 #endif
 }
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
-#else
-  *static_cast<uint2*>(smem) = *static_cast<const uint2*>(gmem);
-#endif
-}
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
@@ -222,10 +214,6 @@ struct SplitArgs {
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
   int diag;
-  // Non-null: one counter per tile (KV head × row/head tile), zero on entry and left zero,
-  // and the tile's last block merges (split_kernel); null: split_merge_kernel merges.
-  unsigned* tile_done;
-  int merge_smem_floats;  // the block's dynamic shared memory, for tile_merge
 };
 
 // Shared memory of one split block: K and V of the chunk as bf16 rows of D8 + 8 elements (the
@@ -577,16 +565,43 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
 }
 
-// The merge of one (row, head)'s chunks, one warp: lane l owns output elements l·V … (V = 4
-// when D % 4 == 0) and, for the max, chunks l, l + 32, …:
+// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
+template <int W>
+__global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
+  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
+  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
+  const int h_in_group = head_tile * a.heads_per_block;
+  const int hg = min(a.heads_per_block, a.group - h_in_group);
+  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
+  const int64_t c0 = int64_t(c) * kChunk;
+  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
+  // past it (rows beyond kv_len among them) are never read.
+  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
+  grid_dependency_begin();
+  if (n_load > 0) {
+    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+  }
+}
+
+// The merge, after split_kernel: one warp per (row, head), lane l owning output elements
+// l·V … (V = 4 when D % 4 == 0) and, for the max, chunks l, l + 32, …:
 // out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), both sums in chunk order 0, 1, … (each chunk's
 // weight and sum broadcast from its lane), the max exact in any order. The chunks' outputs are
 // loaded before the max is known, so the merge costs about one trip to L2, not one per chunk.
-// The partials are read through L2 (__ldcg): each is used once, and in split_kernel they were
-// written by other blocks.
+// The partials are read through L2 (__ldcg): each is used once. (Merging in split_kernel, by
+// each tile's last block to finish, put a whole tile's merge on one block: the DFlash step at
+// Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29.)
 constexpr int kMergeEarlyChunks = 16;
 template <int V>
-__device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int lane) {
+__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
+  grid_dependency_begin();
+  const int lane = threadIdx.x % 32;
+  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
+  if (pair >= a.T * a.hq) return;  // whole warps
   const int64_t t = pair / a.hq;
   const int n = static_cast<int>((visible_keys(t, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
   const float2* ml = a.part_ml + pair * a.nc;
@@ -655,116 +670,6 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
   }
 }
 
-// The merge as its own launch, one warp per (row, head) = pair t · hq + h.
-template <int V>
-__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin();
-  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (pair >= a.T * a.hq) return;  // whole warps
-  merge_pair<V>(a, pair, static_cast<int>(threadIdx.x % 32));
-}
-
-// Shared-memory floats one pair takes in tile_merge: its chunks' outputs, (max, sum) pairs and
-// weights, and the denominator, rounded to whole 16-byte segments.
-__host__ __device__ constexpr int tile_merge_slot(int chunks, int D) { return (chunks * (D + 3) + 1 + 3) / 4 * 4; }
-
-// The merge of a tile's (row, head) pairs by the tile's last split block, with merge_pair's
-// arithmetic (the same max, weights exp2f(m_c − M), and both sums in chunk order from 0, so
-// the same bits as the separate launch), but staged through the block's shared memory, free
-// by now: every partial of a group of pairs is copied at once (cp.async, one trip to L2, no
-// registers held), then one warp a pair forms the weights and the denominator and one thread
-// an output element its sum. D % 4 == 0 and at least one pair's slot fits (the host checks).
-__device__ __forceinline__ void tile_merge(const SplitArgs& a, unsigned char* smem, int64_t t0, int rows, int hg,
-                                        int h_base) {
-  const int D = a.D, segs = D / 4, pairs = rows * hg;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = int(blockDim.x) / 32;
-  const int ncm = static_cast<int>((visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
-  const int slot = tile_merge_slot(ncm, D), group = max(1, a.merge_smem_floats / slot);
-  auto* buf = reinterpret_cast<float*>(smem);
-  auto pair_of = [&](int p) { return (t0 + p / hg) * a.hq + h_base + p % hg; };
-  auto chunks_of = [&](int p) {
-    return static_cast<int>((visible_keys(t0 + p / hg, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
-  };
-  for (int p0 = 0; p0 < pairs; p0 += group) {
-    const int np = min(group, pairs - p0);
-    for (int i = threadIdx.x; i < np * ncm * segs; i += int(blockDim.x)) {
-      const int sg = i % segs, c = (i / segs) % ncm, p = i / segs / ncm;
-      if (c < chunks_of(p0 + p))
-        cp_async16(buf + p * slot + c * D + 4 * sg, a.part_o + (pair_of(p0 + p) * a.nc + c) * D + 4 * sg);
-    }
-    for (int i = threadIdx.x; i < np * ncm; i += int(blockDim.x)) {
-      const int c = i % ncm, p = i / ncm;
-      if (c < chunks_of(p0 + p)) cp_async8(buf + p * slot + ncm * D + 2 * c, a.part_ml + pair_of(p0 + p) * a.nc + c);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int p = warp; p < np; p += warps) {
-      const int n = chunks_of(p0 + p);
-      const float2* ml = reinterpret_cast<const float2*>(buf + p * slot + ncm * D);
-      float* w = buf + p * slot + ncm * D + 2 * ncm;
-      float M = -INFINITY;
-      for (int c = lane; c < n; c += 32) M = fmaxf(M, ml[c].x);
-      M = warp_max(M);
-      for (int c = lane; c < n; c += 32) w[c] = exp2f(ml[c].x - M);
-      __syncwarp();
-      if (lane == 0) {
-        float den = 0.f;
-        for (int c = 0; c < n; ++c) den = fmaf(ml[c].y, w[c], den);
-        w[ncm] = den;
-      }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < np * D; i += int(blockDim.x)) {
-      const int p = i / D, d = i % D, n = chunks_of(p0 + p);
-      const float* o = buf + p * slot + d;
-      const float* w = buf + p * slot + ncm * D + 2 * ncm;
-      float num = 0.f;
-      for (int c = 0; c < n; ++c) num = fmaf(o[c * D], w[c], num);
-      const int64_t pair = pair_of(p0 + p);
-      a.out[(pair / a.hq) * a.ldo + (pair % a.hq) * D + d] = __float2bfloat16_rn(n > 0 ? num / w[ncm] : 0.f);
-    }
-    __syncthreads();  // before the next group's copies
-  }
-}
-
-// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-template <int W>
-__global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, kvh = blockIdx.y;
-  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
-  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
-  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
-  const int h_in_group = head_tile * a.heads_per_block;
-  const int hg = min(a.heads_per_block, a.group - h_in_group);
-  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
-  const int64_t c0 = int64_t(c) * kChunk;
-  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
-  // past it (rows beyond kv_len among them) are never read.
-  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  grid_dependency_begin();
-  if (n_load > 0) {
-    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-  }
-  if (!a.tile_done) return;
-  // The tile's last block to finish merges the tile's (row, head) pairs, a warp each, so the
-  // merge needs no launch of its own (the grid boundary and the launch were ~3 µs a layer).
-  // Every block counts itself, those past the tile's keys too; the fences make each block's
-  // partials visible before its count, and the counts before the last block's reads.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  unsigned* done = a.tile_done + blockIdx.y * gridDim.z + blockIdx.z;
-  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  tile_merge(a, smem, t0, rows, hg, h_base);
-  if (threadIdx.x == 0) *done = 0;  // ready for the next launch on this stream
-}
-
 // Split tiles hold about this many queries (rows × heads); see attention().
 constexpr int kSplitTileQueries = 16;
 constexpr int64_t kSplitManyBlocks = 2048;
@@ -803,7 +708,7 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, unsigned* merge_counters, cudaStream_t s) {
+               bool causal, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -893,15 +798,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      // The tiles' last blocks merge when there are counters for every tile.
-      // The tiles' last blocks merge when there are counters for every tile and a pair's
-      // partials fit the block's shared memory (up to ~5000 keys at Qwen3's shapes).
-      a.merge_smem_floats = static_cast<int>(smem / 4);
-      if (merge_counters && int64_t(hkv) * grid.z <= kAttentionMergeCounters && D % 4 == 0 &&
-          tile_merge_slot(a.nc, D) <= a.merge_smem_floats)
-        a.tile_done = merge_counters;
       launch_kernel("attention", kernel, grid, warps * 32, smem, s, a);
-      if (a.tile_done) return;
     }
     launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
                   128, 0, s, a);
