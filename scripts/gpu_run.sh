@@ -220,12 +220,13 @@ if has ncu; then
   # Nsight Compute on the doctor's Qwen3-8B-shaped cases (--quick: 5 launches a case): by
   # default the short kernels of a layer (q/k-norm/RoPE/store, split attention, merge), each
   # launch alone (ncu serialises them, so PDL overlap is not in these times). The clocks are
-  # left as they are (--clock-control none). NCU_KERNELS / NCU_COUNT choose what and how many.
+  # left as they are (--clock-control none). NCU_KERNELS / NCU_COUNT choose what and how many,
+  # NCU_SECTIONS which sections (names as `ncu --list-sections` prints them).
   step "Nsight Compute: ${NCU_KERNELS:=split_kernel|split_merge|qk_norm_rope}"
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   timeout ${NCU_TIMEOUT:-200} "$NCU" --clock-control none -k "regex:$NCU_KERNELS" --launch-count ${NCU_COUNT:-70} \
-    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-    --section SchedulerStats --section SourceCounters \
+    $(for s in ${NCU_SECTIONS:-SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats SourceCounters}; do
+      echo --section "$s"; done) \
     "$BUILD/dflash" doctor --require-gpu --quick --bandwidth-gib 0 >"$OUT/ncu.txt" 2>&1
   echo "ncu exit $?, $(wc -l <"$OUT/ncu.txt") lines"; grep -E "^  [a-z_].*\(|Duration" "$OUT/ncu.txt" | head -20
   # NCU_SOURCE="kernel:skip …": per-SASS-line counters (stall samples, instructions executed)

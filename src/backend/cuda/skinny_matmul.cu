@@ -68,7 +68,7 @@ template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const SkinnyNorm norm, bool w_uploaded) {
+                      const SkinnyNorm norm, bool w_uploaded, bool early_y) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -120,6 +120,22 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   if (w_uploaded && active) load(cur, c_begin);
   grid_dependency_begin();
   if (!w_uploaded && active) load(cur, c_begin);
+
+  // The residual products (o_proj, down: emitting the next norm): the residual this thread's
+  // first output adds to and the norm weight it emits with are loaded now, so that their trip
+  // to L2 runs under the main loop instead of after it, at the tail of every block. The same
+  // values, so the same bits.
+  const int block_cols = G * kCols;
+  const bool has_early = EPI == kEpiEmitNorm && early_y && int(threadIdx.x) < M * block_cols &&
+                         block_n0 + threadIdx.x % block_cols < NO;
+  float y_early = 0.f, nw_early = 0.f;
+  if constexpr (EPI == kEpiEmitNorm) {
+    if (has_early) {
+      const int64_t n = block_n0 + threadIdx.x % block_cols;
+      if (accumulate) y_early = to_f32(y[int64_t(threadIdx.x / block_cols) * ldy + n]);
+      nw_early = norm.norm_w[n];
+    }
+  }
 
   // Each row's 1/rms from the emitting product's partial sums (written by the kernel before
   // this one, so after the wait; here, while the first weight batch is in flight: after the
@@ -201,7 +217,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
-  const int block_cols = G * kCols;
   constexpr int kMaxBlockCols = kWarps * kCols;
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
   for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
@@ -223,10 +238,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
                                         __bfloat162float(__float2bfloat16_rn(up))));
     } else {
-      const float v = accumulate ? to_f32(*dst) + sum : sum;
+      const bool early = EPI == kEpiEmitNorm && has_early && i == int(threadIdx.x);
+      const float v = accumulate ? (early ? y_early : to_f32(*dst)) + sum : sum;
       *dst = from_f32<Out>(v);
       if constexpr (EPI == kEpiEmitNorm) {
-        norm.h[int64_t(m) * norm.ldh + n] = __float2bfloat16_rn(norm.norm_w[n] * v);
+        norm.h[int64_t(m) * norm.ldh + n] = __float2bfloat16_rn((early ? nw_early : norm.norm_w[n]) * v);
         sq[m][col] = v * v;
       }
     }
@@ -244,6 +260,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
+// DFLASH_SKINNY_EARLY_Y=0 loads the epilogue's residual at the end, as before (to measure).
+bool mma_early_y() {
+  static const bool early = [] {
+    const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y");
+    return !(e && std::string(e) == "0");
+  }();
+  return early;
+}
+
 // Blocks of the tensor-core kernel for a weight of N rows (N / 2 outputs when PAIR) at n8
 // tiles per warp NT and S K slices: what an emitting product writes partial sums for.
 int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
@@ -258,7 +283,7 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(mma_blocks(N, NT, S, PAIR)),
                 kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w),
-                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded);
+                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded, mma_early_y());
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
