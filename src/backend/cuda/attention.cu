@@ -43,7 +43,7 @@ constexpr int kMaxHeadDim = 256;
 // one row at D = 128 with four query heads per KV head. The softmax takes two keys per lane,
 // which fixes the value at 64.
 constexpr int kChunk = 64;
-// Warps of a split block (DFLASH_ATTN_WARPS=4 or 16 instead, to measure): any count gives the
+// Warps of a split block (DFLASH_ATTN_WARPS=4 instead, to measure): either count gives the
 // same numbers, more warps split a block's serial work (see split_chunk_mma).
 constexpr int kSplitWarps = 8;
 static_assert(kChunk == 64, "split_kernel's softmax assumes two keys per lane");
@@ -469,10 +469,9 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // The scores take at most 8 warps (an n8 tile of keys each); more warps wait for P·V.
-  constexpr int kQkWarps = W < 8 ? W : 8, kKeys = kChunk / kQkWarps, kTiles = kKeys / 8;
+  constexpr int kKeys = kChunk / W, kTiles = kKeys / 8;
   static_assert(kKeys % 8 == 0, "split_chunk_mma: whole n8 tiles of keys per warp");
-  for (int mt = 0; mt < (a.diag & 4 || warp >= kQkWarps ? 0 : mtiles); ++mt) {
+  for (int mt = 0; mt < (a.diag & 4 ? 0 : mtiles); ++mt) {
     float acc[kTiles][4] = {};
     for (int k0 = 0; k0 < D; k0 += 16) {
       const __nv_bfloat16* qa = Qs + (mt * 16 + g) * Dp + k0 + 2 * t;
@@ -783,14 +782,14 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       static const int warps = [] {
         const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
         const int w = e ? std::atoi(e) : 0;
-        return w == 4 || w == 16 ? w : kSplitWarps;
+        return w == 4 ? w : kSplitWarps;
       }();
-      auto* kernel = warps == 4 ? split_kernel<4> : warps == 16 ? split_kernel<16> : split_kernel<8>;
+      auto* kernel = warps == 4 ? split_kernel<4> : split_kernel<8>;
       static const cudaError_t opt_in = [] {
         const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                                         split_mma_smem_bytes(128, 64),
                                                         split_mma_smem_bytes(kMaxHeadDim, 32)}));
-        for (auto* k : {split_kernel<4>, split_kernel<8>, split_kernel<16>})
+        for (auto* k : {split_kernel<4>, split_kernel<8>})
           if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
             return e;
         return cudaSuccess;

@@ -582,18 +582,6 @@ class CudaBackend final : public Backend {
     return out;
   }
 
-  // Queues the scaled logits at the flattened (row, id) pairs into dev_out. The pairs' device
-  // copy may go back to the pool on return: its next user is queued behind this kernel, and a
-  // copy from pageable memory is staged before cudaMemcpyAsync returns.
-  void queue_scaled_at(const Tensor& logits, float inv_t, const std::vector<int64_t>& pairs, float* dev_out,
-                       const char* op) {
-    auto dev_at = pool_->allocate(pairs.size() * sizeof(int64_t), op);
-    check(cudaMemcpyAsync(dev_at.get(), pairs.data(), pairs.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
-          op, "host to device copy");
-    cuda::scaled_at(logits.ptr<float>(), logits.ld, inv_t, static_cast<const int64_t*>(dev_at.get()),
-                    static_cast<int>(pairs.size() / 2), dev_out, stream_);
-  }
-
   std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u) override {
     expect(logits, DType::F32, "draw_from_rows", "logits");
     const size_t n = u.size();
@@ -654,6 +642,18 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Queues the scaled logits at the flattened (row, id) pairs into dev_out. The pairs' device
+  // copy may go back to the pool on return: its next user is queued behind this kernel, and a
+  // copy from pageable memory is staged before cudaMemcpyAsync returns.
+  void queue_scaled_at(const Tensor& logits, float inv_t, const std::vector<int64_t>& pairs, float* dev_out,
+                       const char* op) {
+    auto dev_at = pool_->allocate(pairs.size() * sizeof(int64_t), op);
+    check(cudaMemcpyAsync(dev_at.get(), pairs.data(), pairs.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
+          op, "host to device copy");
+    cuda::scaled_at(logits.ptr<float>(), logits.ld, inv_t, static_cast<const int64_t*>(dev_at.get()),
+                    static_cast<int>(pairs.size() / 2), dev_out, stream_);
+  }
+
   // Copies device results into pinned host memory and waits for them; the op's timer, if any,
   // stops before the wait (the profiler times the op, not the host's wait). The bytes stay
   // valid until the next read_back. (Pinned rather than pageable memory took `dflash doctor`'s
