@@ -4,6 +4,7 @@
 // separate kernels (norm in f32, round to bf16, rotate in f32, round), so results equal the
 // unfused path's bit for bit.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/device_util.cuh"
@@ -18,43 +19,70 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
                                           const float* q_norm, const float* k_norm, float eps, int D,
                                           const int32_t* positions, int64_t pos0, const float* cos,
                                           const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
-                                          __nv_bfloat16* v_dst, int64_t ldvd) {
-  grid_dependency_begin();
+                                          __nv_bfloat16* v_dst, int64_t ldvd, bool early) {
   const int heads = hq + 2 * hkv;
   const int64_t r = blockIdx.x / heads;
   const int h = blockIdx.x % heads;
-  if (h >= hq + hkv) {  // a v head: stored as is
+  const bool is_v = h >= hq + hkv, is_q = h < hq;
+  const int half = D / 2;
+  const float* w = is_q ? q_norm : k_norm;
+  // The norm weight, the position and its cos/sin rows were written before the kernel ahead of
+  // this one started (uploads, or earlier steps: launch.cuh), so they are fetched before the
+  // wait; only the head itself, the product's output, has to follow it. Without this the chain
+  // was three trips to L2 one after another (the head, then the weight, then cos/sin).
+  // A thread holds at most two elements (D ≤ 512, at least D / 2 threads) and one rotation pair.
+  float w_e[2] = {0.f, 0.f}, c_e = 0.f, s_e = 0.f;
+  auto fetch = [&] {
+    if (is_v) return;
+    for (int u = 0; u < 2; ++u)
+      if (const int i = int(threadIdx.x) + u * int(blockDim.x); i < D) w_e[u] = w[i];
+    if (const int j = threadIdx.x; j < half) {
+      const int64_t p = positions ? positions[r] : pos0 + r;
+      c_e = cos[p * half + j];
+      s_e = sin[p * half + j];
+    }
+  };
+  if (early) fetch();
+  grid_dependency_begin();
+  if (!early) fetch();
+  if (is_v) {  // a v head: stored as is
     const int hv = h - hq - hkv;
     for (int i = threadIdx.x; i < D; i += blockDim.x) v_dst[r * ldvd + int64_t(hv) * D + i] = v[r * ldv + int64_t(hv) * D + i];
     return;
   }
-  const bool is_q = h < hq;
   const __nv_bfloat16* in = is_q ? q + r * ldq + int64_t(h) * D : k + r * ldk + int64_t(h - hq) * D;
   __nv_bfloat16* out = is_q ? q + r * ldq + int64_t(h) * D : k_dst + r * ldkd + int64_t(h - hq) * D;
-  const float* w = is_q ? q_norm : k_norm;
 
   // The same block size and reduction as rms_norm_kernel with group = D.
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    const float x = __bfloat162float(in[i]);
-    ss += x * x;
-  }
+  float x_e[2] = {0.f, 0.f}, ss = 0.f;
+  for (int u = 0; u < 2; ++u)
+    if (const int i = int(threadIdx.x) + u * int(blockDim.x); i < D) {
+      x_e[u] = __bfloat162float(in[i]);
+      ss += x_e[u] * x_e[u];
+    }
   __shared__ float partial[32];
   __shared__ float normed[512];
   const float total = block_sum(ss, partial);
   const float inv = rsqrtf(total / static_cast<float>(D) + eps);
-  for (int i = threadIdx.x; i < D; i += blockDim.x)
-    normed[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (__bfloat162float(in[i]) * inv)));
+  for (int u = 0; u < 2; ++u)
+    if (const int i = int(threadIdx.x) + u * int(blockDim.x); i < D)
+      normed[i] = __bfloat162float(__float2bfloat16_rn(w_e[u] * (x_e[u] * inv)));
   __syncthreads();  // q is rotated in place: every read of the head comes before any write
 
-  const int half = D / 2;
-  const int64_t p = positions ? positions[r] : pos0 + r;
-  for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    const float c = cos[p * half + j], s = sin[p * half + j];
+  if (const int j = threadIdx.x; j < half) {
     const float a = normed[j], b = normed[j + half];
-    out[j] = __float2bfloat16_rn(a * c - b * s);
-    out[j + half] = __float2bfloat16_rn(b * c + a * s);
+    out[j] = __float2bfloat16_rn(a * c_e - b * s_e);
+    out[j + half] = __float2bfloat16_rn(b * c_e + a * s_e);
   }
+}
+
+// DFLASH_QK_NORM_EARLY=0 fetches the weight and cos/sin after the wait, as before (to measure).
+bool qk_norm_early() {
+  static const bool early = [] {
+    const char* e = std::getenv("DFLASH_QK_NORM_EARLY");
+    return !(e && std::string(e) == "0");
+  }();
+  return early;
 }
 
 }  // namespace
@@ -71,7 +99,7 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
       static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
       static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
       static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
-      static_cast<__nv_bfloat16*>(v_dst), ldvd);
+      static_cast<__nv_bfloat16*>(v_dst), ldvd, qk_norm_early());
 }
 
 }  // namespace dflash::cuda
