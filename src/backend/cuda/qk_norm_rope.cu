@@ -4,7 +4,6 @@
 // separate kernels (norm in f32, round to bf16, rotate in f32, round), so results equal the
 // unfused path's bit for bit.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/device_util.cuh"
@@ -19,21 +18,22 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
                                           const float* q_norm, const float* k_norm, float eps, int D,
                                           const int32_t* positions, int64_t pos0, const float* cos,
                                           const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
-                                          __nv_bfloat16* v_dst, int64_t ldvd, bool early) {
+                                          __nv_bfloat16* v_dst, int64_t ldvd) {
   const int heads = hq + 2 * hkv;
   const int64_t r = blockIdx.x / heads;
   const int h = blockIdx.x % heads;
   const bool is_v = h >= hq + hkv, is_q = h < hq;
   const int half = D / 2;
   const float* w = is_q ? q_norm : k_norm;
-  // The norm weight, the position and its cos/sin rows were written before the kernel ahead of
-  // this one started (uploads, or earlier steps: launch.cuh), so they are fetched before the
-  // wait; only the head itself, the product's output, has to follow it. Without this the chain
-  // was three trips to L2 one after another (the head, then the weight, then cos/sin).
-  // A thread holds at most two elements (D ≤ 512, at least D / 2 threads) and one rotation pair.
+  grid_dependency_begin();
+  // The head, its norm weight and its cos/sin are loaded together: one trip to L2, where the
+  // loop form took three in a row (the head, then the weight, then cos/sin). Fetching the
+  // weight and cos/sin before the wait instead (they were written before the kernel ahead of
+  // this one started) made the kernel alone faster (doctor: 5.0-5.3 → 3.2-3.7 µs) but a DFlash
+  // step 1.7 % slower, plain decode unchanged (H200, 2026-11-30; not understood). A thread holds
+  // at most two elements (D ≤ 512, at least D / 2 threads) and one rotation pair.
   float w_e[2] = {0.f, 0.f}, c_e = 0.f, s_e = 0.f;
-  auto fetch = [&] {
-    if (is_v) return;
+  if (!is_v) {
     for (int u = 0; u < 2; ++u)
       if (const int i = int(threadIdx.x) + u * int(blockDim.x); i < D) w_e[u] = w[i];
     if (const int j = threadIdx.x; j < half) {
@@ -41,10 +41,7 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
       c_e = cos[p * half + j];
       s_e = sin[p * half + j];
     }
-  };
-  if (early) fetch();
-  grid_dependency_begin();
-  if (!early) fetch();
+  }
   if (is_v) {  // a v head: stored as is
     const int hv = h - hq - hkv;
     for (int i = threadIdx.x; i < D; i += blockDim.x) v_dst[r * ldvd + int64_t(hv) * D + i] = v[r * ldv + int64_t(hv) * D + i];
@@ -76,15 +73,6 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
   }
 }
 
-// DFLASH_QK_NORM_EARLY=0 fetches the weight and cos/sin after the wait, as before (to measure).
-bool qk_norm_early() {
-  static const bool early = [] {
-    const char* e = std::getenv("DFLASH_QK_NORM_EARLY");
-    return !(e && std::string(e) == "0");
-  }();
-  return early;
-}
-
 }  // namespace
 
 void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t ldk, const void* v, int64_t ldv,
@@ -99,7 +87,7 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
       static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
       static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
       static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
-      static_cast<__nv_bfloat16*>(v_dst), ldvd, qk_norm_early());
+      static_cast<__nv_bfloat16*>(v_dst), ldvd);
 }
 
 }  // namespace dflash::cuda

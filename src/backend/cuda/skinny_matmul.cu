@@ -269,6 +269,15 @@ bool mma_early_y() {
   return early;
 }
 
+// DFLASH_SKINNY_PREWAIT=0 loads an uploaded weight's first batch after the wait too (to measure).
+bool mma_prewait() {
+  static const bool prewait = [] {
+    const char* e = std::getenv("DFLASH_SKINNY_PREWAIT");
+    return !(e && std::string(e) == "0");
+  }();
+  return prewait;
+}
+
 // Blocks of the tensor-core kernel for a weight of N rows (N / 2 outputs when PAIR) at n8
 // tiles per warp NT and S K slices: what an emitting product writes partial sums for.
 int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
@@ -283,7 +292,8 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(mma_blocks(N, NT, S, PAIR)),
                 kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w),
-                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded, mma_early_y());
+                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded && mma_prewait(),
+                mma_early_y());
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
