@@ -780,6 +780,16 @@ int run_doctor(const DoctorArgs& a) {
     for (const size_t window : {bytes, size_t(192) << 20, size_t(32) << 20})
       std::printf("device read bandwidth: %.1f GB/s (launches of %.0f MiB over %.1f GiB, best of 3)\n",
                   cuda::read_bandwidth(window, bytes) / 1e9, double(window) / double(1 << 20), a.bandwidth_gib);
+    // What a kernel boundary costs against a barrier inside one kernel: the per-dependency
+    // price a persistent decode kernel would pay instead (docs/cuda.md, What remains).
+    for (const int per_sm : {1, 2}) {
+      const cuda::SyncCosts c = cuda::sync_costs(2000, per_sm);
+      std::printf("dependency between steps (%d blocks of 256 threads, %d steps): kernel boundary %.2f us, "
+                  "with programmatic dependent launch %.2f us%s, grid barrier in one kernel ",
+                  c.blocks, c.steps, c.stream_us, c.pdl_us, c.pdl ? "" : " (PDL off)");
+      if (c.barrier_us >= 0) std::printf("%.2f us\n", c.barrier_us);
+      else std::printf("not measured (no cooperative launch)\n");
+    }
     // The decode step's weights read in the skinny product's pattern and variants of it (Qwen3-8B:
     // gate/up, down, o): which way of streaming a weight a product should use.
     if (a.bandwidth_sweep) {

@@ -32,4 +32,16 @@ double read_bandwidth(size_t window, size_t total, int flavour = 0, int unroll =
 // read_bandwidth.
 double rows_read_bandwidth(int N, int K, int S, int launches, int variant);
 
+// What one dependency between two steps costs with no work in the way (sync_cost.cu): µs per
+// step of `steps` steps over blocks_per_sm × SMs blocks of 256 threads, each step a kernel in
+// stream order, a kernel under programmatic dependent launch (as the backend launches; `pdl`
+// false when that is off or unsupported), or a grid barrier inside one resident kernel
+// (barrier_us < 0 when the device has no cooperative launch).
+struct SyncCosts {
+  int blocks = 0, steps = 0;
+  bool pdl = false;
+  double stream_us = 0, pdl_us = 0, barrier_us = -1;
+};
+SyncCosts sync_costs(int steps, int blocks_per_sm);
+
 }  // namespace dflash::cuda
