@@ -19,57 +19,41 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
                                           const int32_t* positions, int64_t pos0, const float* cos,
                                           const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
                                           __nv_bfloat16* v_dst, int64_t ldvd) {
+  grid_dependency_begin();
   const int heads = hq + 2 * hkv;
   const int64_t r = blockIdx.x / heads;
   const int h = blockIdx.x % heads;
-  const bool is_v = h >= hq + hkv, is_q = h < hq;
-  const int half = D / 2;
-  const float* w = is_q ? q_norm : k_norm;
-  grid_dependency_begin();
-  // The head, its norm weight and its cos/sin are loaded together: one trip to L2, where the
-  // loop form took three in a row (the head, then the weight, then cos/sin). Fetching the
-  // weight and cos/sin before the wait instead (they were written before the kernel ahead of
-  // this one started) made the kernel alone faster (doctor: 5.0-5.3 → 3.2-3.7 µs) but a DFlash
-  // step 1.7 % slower, plain decode unchanged (H200, 2026-11-30; not understood). A thread holds
-  // at most two elements (D ≤ 512, at least D / 2 threads) and one rotation pair.
-  float w_e[2] = {0.f, 0.f}, c_e = 0.f, s_e = 0.f;
-  if (!is_v) {
-    for (int u = 0; u < 2; ++u)
-      if (const int i = int(threadIdx.x) + u * int(blockDim.x); i < D) w_e[u] = w[i];
-    if (const int j = threadIdx.x; j < half) {
-      const int64_t p = positions ? positions[r] : pos0 + r;
-      c_e = cos[p * half + j];
-      s_e = sin[p * half + j];
-    }
-  }
-  if (is_v) {  // a v head: stored as is
+  if (h >= hq + hkv) {  // a v head: stored as is
     const int hv = h - hq - hkv;
     for (int i = threadIdx.x; i < D; i += blockDim.x) v_dst[r * ldvd + int64_t(hv) * D + i] = v[r * ldv + int64_t(hv) * D + i];
     return;
   }
+  const bool is_q = h < hq;
   const __nv_bfloat16* in = is_q ? q + r * ldq + int64_t(h) * D : k + r * ldk + int64_t(h - hq) * D;
   __nv_bfloat16* out = is_q ? q + r * ldq + int64_t(h) * D : k_dst + r * ldkd + int64_t(h - hq) * D;
+  const float* w = is_q ? q_norm : k_norm;
 
   // The same block size and reduction as rms_norm_kernel with group = D.
-  float x_e[2] = {0.f, 0.f}, ss = 0.f;
-  for (int u = 0; u < 2; ++u)
-    if (const int i = int(threadIdx.x) + u * int(blockDim.x); i < D) {
-      x_e[u] = __bfloat162float(in[i]);
-      ss += x_e[u] * x_e[u];
-    }
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float x = __bfloat162float(in[i]);
+    ss += x * x;
+  }
   __shared__ float partial[32];
   __shared__ float normed[512];
   const float total = block_sum(ss, partial);
   const float inv = rsqrtf(total / static_cast<float>(D) + eps);
-  for (int u = 0; u < 2; ++u)
-    if (const int i = int(threadIdx.x) + u * int(blockDim.x); i < D)
-      normed[i] = __bfloat162float(__float2bfloat16_rn(w_e[u] * (x_e[u] * inv)));
+  for (int i = threadIdx.x; i < D; i += blockDim.x)
+    normed[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (__bfloat162float(in[i]) * inv)));
   __syncthreads();  // q is rotated in place: every read of the head comes before any write
 
-  if (const int j = threadIdx.x; j < half) {
+  const int half = D / 2;
+  const int64_t p = positions ? positions[r] : pos0 + r;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const float c = cos[p * half + j], s = sin[p * half + j];
     const float a = normed[j], b = normed[j + half];
-    out[j] = __float2bfloat16_rn(a * c_e - b * s_e);
-    out[j + half] = __float2bfloat16_rn(b * c_e + a * s_e);
+    out[j] = __float2bfloat16_rn(a * c - b * s);
+    out[j + half] = __float2bfloat16_rn(b * c + a * s);
   }
 }
 
