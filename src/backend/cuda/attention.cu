@@ -593,7 +593,8 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
 // loaded before the max is known, so the merge costs about one trip to L2, not one per chunk.
 // The partials are read through L2 (__ldcg): each is used once. (Merging in split_kernel, by
 // each tile's last block to finish, put a whole tile's merge on one block: the DFlash step at
-// Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29.)
+// Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29; again,
+// staged through shared memory with this arithmetic: 7.67 against 6.22-6.25 ms, 2026-11-30.)
 constexpr int kMergeEarlyChunks = 16;
 template <int V>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
