@@ -194,6 +194,26 @@ TEST(DeviceRowLaws, ARowWithNothingFiniteIsAClearError) {
   }
 }
 
+// row_laws rejects an id outside the vocabulary and more ids than rows, naming what was wrong,
+// before it reads anything.
+TEST(DeviceRowLaws, RowLawsRejectBadIds) {
+  auto cpu = make_cpu_backend();
+  const std::vector<float> host(2 * 8, 0.5f);
+  Tensor logits = cpu->upload(host.data(), 2, 8);
+  auto error_of = [&](const std::vector<int32_t>& ids) {
+    try {
+      cpu->row_laws(logits, 1.f, ids);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({3, 8}).find("row_laws: id 8 of row 1 outside"), std::string::npos) << error_of({3, 8});
+  EXPECT_NE(error_of({-1}).find("row_laws: id -1 of row 0"), std::string::npos) << error_of({-1});
+  EXPECT_NE(error_of({0, 1, 2}).find("row_laws: 3 ids for"), std::string::npos) << error_of({0, 1, 2});
+  EXPECT_EQ(cpu->row_laws(logits, 1.f, {7, 0}).scaled.size(), 2u);
+}
+
 // A block's drafts drawn in one call (choose_rows) are the tokens of one draw a row from the
 // same generator, and the drawn tokens' probabilities and those fetched by look_up are the
 // ones the laws compute on their own.

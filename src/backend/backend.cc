@@ -127,17 +127,23 @@ RowLaw law_of(const std::vector<float>& row, float inv_t) {
 }
 }  // namespace
 
-RowLaws Backend::row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids) {
+void Backend::check_row_ids(const Tensor& logits, const std::vector<int32_t>& ids, const char* op) {
   if (int64_t(ids.size()) > logits.rows)
-    throw Error("row_laws: " + std::to_string(ids.size()) + " ids for " + logits.describe());
+    throw Error(std::string(op) + ": " + std::to_string(ids.size()) + " ids for " + logits.describe());
+  for (size_t r = 0; r < ids.size(); ++r)
+    if (ids[r] < 0 || ids[r] >= logits.cols)
+      throw Error(std::string(op) + ": id " + std::to_string(ids[r]) + " of row " + std::to_string(r) + " outside " +
+                  logits.describe());
+}
+
+RowLaws Backend::row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids) {
+  check_row_ids(logits, ids, "row_laws");
   RowLaws out;
   for (int64_t r = 0; r < logits.rows; ++r) {
     const std::vector<float> row = host_row(*this, logits, r, "row_laws");
     out.law.push_back(law_of(row, inv_t));
-    if (size_t(r) >= ids.size()) continue;
-    const int32_t id = ids[size_t(r)];
-    if (id < 0 || id >= logits.cols) throw Error("row_laws: id " + std::to_string(id) + " of " + logits.describe());
-    out.scaled.push_back(row[size_t(id)] * inv_t);  // from the row in hand, not a download of its own
+    // From the row in hand, not a download of its own.
+    if (size_t(r) < ids.size()) out.scaled.push_back(row[size_t(ids[size_t(r)])] * inv_t);
   }
   return out;
 }

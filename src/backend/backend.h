@@ -133,6 +133,9 @@ class Backend {
   // A draw from nothing (every weight 0) is id −1. The defaults download the rows and work on
   // the host.
   virtual RowLaws row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids);
+  // row_laws' argument check, shared by every backend: at most a row of ids a row, each an id of
+  // the vocabulary; the error names the op, the id and the logits.
+  static void check_row_ids(const Tensor& logits, const std::vector<int32_t>& ids, const char* op);
   virtual std::vector<float> scaled_at(const Tensor& logits, float inv_t,
                                        const std::vector<std::pair<int64_t, int32_t>>& at);
   virtual std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u);

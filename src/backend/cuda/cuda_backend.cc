@@ -536,15 +536,12 @@ class CudaBackend final : public Backend {
 
   RowLaws row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids) override {
     expect(logits, DType::F32, "row_laws", "logits");
+    check_row_ids(logits, ids, "row_laws");
     const size_t rows = size_t(logits.rows), n = ids.size();
-    if (n > rows) throw Error("row_laws: " + std::to_string(n) + " ids for " + logits.describe());
     RowLaws out;
     if (rows == 0) return out;
     std::vector<int64_t> pairs;
     for (size_t r = 0; r < n; ++r) {
-      if (ids[r] < 0 || ids[r] >= logits.cols)
-        throw Error("row_laws: id " + std::to_string(ids[r]) + " of row " + std::to_string(r) + " outside " +
-                    logits.describe());
       pairs.push_back(int64_t(r));
       pairs.push_back(ids[r]);
     }
