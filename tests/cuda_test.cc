@@ -298,6 +298,98 @@ TEST(CudaSpeculative, GreedyEqualsPlainOnTinyPairs) {
   }
 }
 
+// The fused decoder layer (one cooperative kernel a layer, fused_layer.cu) must give every
+// logit the same bits as the same layers run op by op: prefill (past 16 rows it is op by op
+// anyway), single-row decode steps, a 16-row block and shorter ones, on tiny models of several
+// shapes and on the shipped target. First, that it does take these models' layers at all.
+TEST(CudaFusedLayer, ForwardEqualsOpByOpBitForBit) {
+  REQUIRE_GPU(backend);
+  std::vector<std::string> dirs = {tiny("qwen3-gqa4-untied-f32"), tiny("qwen3-yarn-bf16"),
+                                   tiny("qwen3-vocab16-f32")};
+  if (std::filesystem::exists(source_path("models/qwen3-pycode-15m/config.json")))
+    dirs.push_back(source_path("models/qwen3-pycode-15m"));
+  for (const auto& dir : dirs) {
+    auto model = Qwen3Model::load(dir, *backend);
+    const Qwen3Config& c = model->config();
+    {
+      Checkpoint ckpt = Checkpoint::open(dir);
+      const DecoderLayerWeights w = load_decoder_layer(ckpt, *backend, c, "model.layers.0.");
+      const int64_t T = 5, H = c.hidden_size, D = c.head_dim, pos0 = 10;
+      std::vector<float> xs(size_t(T * H));
+      std::mt19937 rng(3);
+      std::normal_distribution<float> nd;
+      for (auto& v : xs) v = nd(rng);
+      Tensor x = backend->upload(xs.data(), T, H);
+      DecoderScratch scratch = make_decoder_scratch(*backend, c, T);
+      NormedRows normed;
+      normed.h = scratch.h;
+      const float eps = static_cast<float>(c.rms_norm_eps);
+      backend->norm_rows(x, w.input_norm, eps, normed);
+      KvCache cache{backend->alloc(64, c.num_key_value_heads * D, DType::BF16),
+                    backend->alloc(64, c.num_key_value_heads * D, DType::BF16)};
+      RopeTable rope(c.rope, static_cast<int>(D));
+      rope.ensure(64);
+      std::vector<int32_t> pos(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(pos0 + t);
+      DecoderLayerCall call;
+      call.qkv_proj = &w.qkv_proj;
+      call.q_norm = &w.q_norm;
+      call.k_norm = &w.k_norm;
+      call.o_proj = &w.o_proj;
+      call.post_attention_norm = &w.post_attention_norm;
+      call.gate_up_proj = &w.gate_up_proj;
+      call.down_proj = &w.down_proj;
+      call.next_norm = &w.input_norm;
+      call.q_heads = c.num_attention_heads;
+      call.kv_heads = c.num_key_value_heads;
+      call.head_dim = D;
+      call.eps = eps;
+      call.rope = &rope;
+      call.x = &x;
+      call.normed = &normed;
+      call.q_pos = &pos;
+      call.k_cache = &cache.k;
+      call.v_cache = &cache.v;
+      call.kv_pos0 = pos0;
+      call.kv_len = pos0 + T;
+      Tensor qkv = scratch.qkv, attn = scratch.attn, act = scratch.act;
+      call.qkv = &qkv;
+      call.attn = &attn;
+      call.act = &act;
+      ASSERT_TRUE(backend->fused_decoder_layer(call)) << dir << ": the fused layer did not take the model's layers";
+    }
+    auto run = [&](bool fused) {
+      backend->set_fused_layers(fused);
+      SequenceState state = model->new_sequence(256);
+      std::mt19937 rng(17);
+      auto tokens = [&](int n) {
+        std::vector<int32_t> t(static_cast<size_t>(n));
+        for (auto& id : t) id = static_cast<int32_t>(rng() % (c.vocab_size - 1));
+        return t;
+      };
+      std::vector<float> all;
+      auto keep = [&](const ForwardOutput& out) {
+        const auto v = download(*backend, out.logits);
+        all.insert(all.end(), v.begin(), v.end());
+      };
+      keep(model->forward(state, tokens(40), false));
+      for (int i = 0; i < 12; ++i) keep(model->forward(state, tokens(1), false));
+      keep(model->forward(state, tokens(16), true));
+      keep(model->forward(state, tokens(5), true));
+      keep(model->forward(state, tokens(1), false));
+      return all;
+    };
+    const std::vector<float> fused = run(true), op_by_op = run(false);
+    backend->set_fused_layers(true);
+    ASSERT_EQ(fused.size(), op_by_op.size());
+    size_t first = fused.size();
+    for (size_t i = 0; i < fused.size() && first == fused.size(); ++i)
+      if (std::memcmp(&fused[i], &op_by_op[i], sizeof(float)) != 0) first = i;
+    EXPECT_EQ(first, fused.size()) << dir << ": logit " << first << " differs: " << fused[first] << " fused, "
+                                   << op_by_op[first] << " op by op";
+  }
+}
+
 // The shipped, trained pair (models/, when present): real acceptance, real rollbacks.
 TEST(CudaSpeculative, GreedyEqualsPlainOnShippedPair) {
   REQUIRE_GPU(backend);

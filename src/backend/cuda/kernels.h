@@ -127,4 +127,56 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
                         int64_t head_dim, const int32_t* positions, int64_t pos0, const float* cos, const float* sin,
                         void* k_dst, int64_t ldkd, void* v_dst, int64_t ldvd, cudaStream_t s);
 
+// A whole Qwen3 attention + MLP layer of up to kFusedLayerMaxRows rows as one cooperative
+// kernel (fused_layer.cu), computing exactly what the launch-per-op path computes
+// (model/qwen3.cc decoder_layer_attention_mlp with the deferred norms above). The input norm is
+// deferred (h and its partial sums); the layer leaves the next norm deferred the same way in h
+// and partial_out. Returns false, having queued nothing, where it does not apply (then the
+// caller runs the ops one by one). `barrier` is a device counter that only this stream's
+// fused layers use, `barrier_arrivals` the host's count of its arrivals so far.
+constexpr int kFusedLayerMaxRows = 16;
+struct FusedLayerIo {
+  int M = 0, hidden = 0, q_heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  float eps = 0.f;
+  void* h = nullptr;  // bf16 [M, hidden]: the deferred input norm, then the post-attention and next norms
+  int64_t ldh = 0;
+  const float* partial_in = nullptr;
+  int64_t ld_partial_in = 0;
+  int parts_in = 0;
+  float* x = nullptr;  // the f32 residual stream [M, hidden]
+  int64_t ldx = 0;
+  const void* w_qkv = nullptr;
+  int64_t ld_w_qkv = 0;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const void* w_o = nullptr;
+  int64_t ld_w_o = 0;
+  const float* post_norm = nullptr;
+  const void* w_gate_up = nullptr;
+  int64_t ld_w_gate_up = 0;
+  const void* w_down = nullptr;
+  int64_t ld_w_down = 0;
+  const float* next_norm = nullptr;
+  void* qkv = nullptr;  // scratch, bf16
+  int64_t ld_qkv = 0;
+  void* attn = nullptr;
+  int64_t ld_attn = 0;
+  void* act = nullptr;
+  int64_t ld_act = 0;
+  float* partial_mid = nullptr;  // [M, skinny_norm_parts(hidden, q_heads · head_dim)]
+  int64_t ld_partial_mid = 0;
+  float* partial_out = nullptr;  // [M, skinny_norm_parts(hidden, intermediate)]
+  int64_t ld_partial_out = 0;
+  void* k_cache = nullptr;  // bf16, whole caches; rows kv_pos0 … kv_pos0 + M − 1 are written
+  void* v_cache = nullptr;
+  int64_t ld_k_cache = 0, ld_v_cache = 0;
+  int64_t kv_pos0 = 0, kv_len = 0, q_pos0 = 0;
+  bool causal = true;
+  const int32_t* positions = nullptr;  // device, M
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  void* attn_scratch = nullptr;  // attention_scratch_bytes(M, q_heads, head_dim, kv_len)
+};
+bool fused_layer(const FusedLayerIo& io, unsigned* barrier, unsigned& barrier_arrivals, cudaStream_t s);
+
 }  // namespace dflash::cuda
