@@ -106,6 +106,7 @@ if has sass; then
   step "SASS: local memory in fused_layer.cu's functions"
   obj=$(find "$BUILD" -name 'fused_layer.cu.o' | head -1)
   cuobjdump -sass "$obj" >/tmp/fused_sass.txt 2>&1 || echo "cuobjdump failed"
+  xz -c /tmp/fused_sass.txt >"$OUT/fused_sass.txt.xz"
   python3 - /tmp/fused_sass.txt <<'EOF'
 import re, sys
 s = open(sys.argv[1]).read()

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/attention_split.cuh"
@@ -30,6 +31,9 @@ namespace {
 
 constexpr int kThreads = 256;  // the products' and the split blocks' 8 warps
 constexpr int kBarriers = 6;   // between the seven stages
+#ifndef FUSED_XU
+#define FUSED_XU 4
+#endif
 // The largest product buffer (an emitting product of two n8 tiles a warp).
 constexpr size_t kProductSmemBytes =
     sizeof(float) * size_t(skinny::skinny_smem_floats<1, 2, skinny::kEpiEmitNorm, false>());
@@ -98,6 +102,7 @@ struct FusedLayerParams {
   int attn_x, attn_y, attn_z, merge_v;
   unsigned* barrier;
   unsigned barrier_base;
+  int skip;  // measuring only (DFLASH_FUSED_SKIP): stages left out, bit i for stage i in kernel order
 };
 
 // Each stage is a function of its own (not inlined): one function holding all seven would keep
@@ -107,7 +112,7 @@ template <typename Out, int EPI, bool PAIR, int NT>
 __device__ __noinline__ void product_stage(const skinny::SkinnyMmaArgs& a, int blocks, float* sbuf, GridBarrier& bar,
                                            bool first) {
   run_stage(blocks, [&](int b, auto& wait) {
-    skinny::skinny_mma_block<1, NT, Out, EPI, PAIR, false>(a, b, sbuf, wait);
+    skinny::skinny_mma_block<1, NT, Out, EPI, PAIR, false, FUSED_XU>(a, b, sbuf, wait);
   }, [&] {
     if (first) grid_dependency_begin();
     else bar.sync();
@@ -146,7 +151,7 @@ __device__ __noinline__ void merge_stage(const split_kv::SplitArgs& a, GridBarri
     split_kv::merge_pair<V>(a, pair);
 }
 
-__global__ void __launch_bounds__(kThreads, 2) fused_layer_kernel(const FusedLayerParams p) {
+__global__ void __launch_bounds__(kThreads, 2) fused_layer_kernel(const __grid_constant__ FusedLayerParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   float* sbuf = reinterpret_cast<float*>(smem);
   GridBarrier bar{p.barrier, p.barrier_base};
@@ -154,26 +159,48 @@ __global__ void __launch_bounds__(kThreads, 2) fused_layer_kernel(const FusedLay
   using skinny::kEpiScaleInv;
   // q, k, v from the layer's input norm (deferred: this product applies its 1/rms), after the
   // kernel before this one.
-  product<__nv_bfloat16, kEpiScaleInv, false>(p.qkv, p.qkv_nt, p.qkv_blocks, sbuf, bar, true);
+  const auto units = [&](int stage, int n) { return p.skip >> stage & 1 ? 0 : n; };
+  product<__nv_bfloat16, kEpiScaleInv, false>(p.qkv, p.qkv_nt, units(0, p.qkv_blocks), sbuf, bar, true);
   // Per (row, head): q/k-norm and RoPE, k and v into the cache.
+  qk_norm_stage(p.qk, units(1, p.qk_units), bar);
+  attention_stage(p.attn, p.attn_x, p.attn_y, units(2, p.attn_z), smem, bar);
+  if (p.skip >> 3 & 1) bar.sync();
+  else if (p.merge_v == 4) merge_stage<4>(p.attn, bar);
+  else merge_stage<1>(p.attn, bar);
+  // x += attn · o_projᵀ, emitting the post-attention norm; act = silu(gate) · up consuming it;
+  // x += act · downᵀ, emitting the next layer's input norm.
+  product<float, kEpiEmitNorm, false>(p.o, p.o_nt, units(4, p.o_blocks), sbuf, bar);
+  product<__nv_bfloat16, kEpiScaleInv, true>(p.gate_up, 2, units(5, p.gate_up_blocks), sbuf, bar);
+  product<float, kEpiEmitNorm, false>(p.down, p.down_nt, units(6, p.down_blocks), sbuf, bar);
+}
+
+// The layer's attention half only: the q/k/v product inlined (one product per kernel compiles
+// to the registers of its own kernel), then q/k-norm, split attention and the merge; o_proj,
+// gate/up and down follow as kernels of their own.
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2) fused_attention_kernel(const __grid_constant__ FusedLayerParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* sbuf = reinterpret_cast<float*>(smem);
+  GridBarrier bar{p.barrier, p.barrier_base};
+  run_stage(p.qkv_blocks, [&](int b, auto& wait) {
+    skinny::skinny_mma_block<1, NT, __nv_bfloat16, skinny::kEpiScaleInv, false, true>(p.qkv, b, sbuf, wait);
+  }, [] { grid_dependency_begin(); });
   qk_norm_stage(p.qk, p.qk_units, bar);
   attention_stage(p.attn, p.attn_x, p.attn_y, p.attn_z, smem, bar);
   if (p.merge_v == 4) merge_stage<4>(p.attn, bar);
   else merge_stage<1>(p.attn, bar);
-  // x += attn · o_projᵀ, emitting the post-attention norm; act = silu(gate) · up consuming it;
-  // x += act · downᵀ, emitting the next layer's input norm.
-  product<float, kEpiEmitNorm, false>(p.o, p.o_nt, p.o_blocks, sbuf, bar);
-  product<__nv_bfloat16, kEpiScaleInv, true>(p.gate_up, 2, p.gate_up_blocks, sbuf, bar);
-  product<float, kEpiEmitNorm, false>(p.down, p.down_nt, p.down_blocks, sbuf, bar);
 }
 
-// DFLASH_FUSED_LAYER=0 keeps the launch-per-op path (to measure against), read once.
-bool fused_layer_enabled() {
-  static const bool on = [] {
+// What runs as one kernel (DFLASH_FUSED_LAYER, read once): "attention" (the default) the
+// attention half, "full" the whole layer, "0" nothing (the launch-per-op path), to measure.
+enum class FusedMode { Off, Attention, Full };
+FusedMode fused_mode() {
+  static const FusedMode mode = [] {
     const char* e = std::getenv("DFLASH_FUSED_LAYER");
-    return !(e && std::string(e) == "0");
+    const std::string v = e ? e : "";
+    return v == "0" ? FusedMode::Off : v == "full" ? FusedMode::Full : FusedMode::Attention;
   }();
-  return on;
+  return mode;
 }
 
 struct LaunchShape {
@@ -192,11 +219,13 @@ const LaunchShape& launch_shape() {
     }
     s.cooperative = coop != 0;
     // The split stage's largest tile decides the dynamic shared memory a launch may ask for.
-    if (cudaFuncSetAttribute(fused_layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(std::max(split_kv::split_smem_max(), kProductSmemBytes))) != cudaSuccess) {
-      (void)cudaGetLastError();
-      s.cooperative = false;
-    }
+    for (auto* k : {fused_layer_kernel, fused_attention_kernel<1>, fused_attention_kernel<2>})
+      if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(std::max(split_kv::split_smem_max(), kProductSmemBytes))) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();
+        s.cooperative = false;
+      }
     return s;
   }();
   return shape;
@@ -205,7 +234,8 @@ const LaunchShape& launch_shape() {
 }  // namespace
 
 bool fused_layer(const FusedLayerIo& io, unsigned* barrier, unsigned& barrier_arrivals, cudaStream_t s) {
-  if (!fused_layer_enabled() || io.M < 1 || io.M > kFusedLayerMaxRows || io.head_dim > split_kv::kMaxHeadDim ||
+  const FusedMode mode = fused_mode();
+  if (mode == FusedMode::Off || io.M < 1 || io.M > kFusedLayerMaxRows || io.head_dim > split_kv::kMaxHeadDim ||
       io.head_dim % 2 || io.head_dim > 512)
     return false;
   const LaunchShape& shape = launch_shape();
@@ -276,10 +306,17 @@ bool fused_layer(const FusedLayerIo& io, unsigned* barrier, unsigned& barrier_ar
   p.merge_v = attn.merge_v;
   p.barrier = barrier;
   p.barrier_base = barrier_arrivals;
+  static const int skip = [] {
+    const char* e = std::getenv("DFLASH_FUSED_SKIP");
+    return e ? std::atoi(e) : 0;
+  }();
+  p.skip = skip;
 
   const size_t smem = std::max(attn.smem, kProductSmemBytes);
+  const bool full = mode == FusedMode::Full;
+  auto* kernel = full ? fused_layer_kernel : qkv.NT == 2 ? fused_attention_kernel<2> : fused_attention_kernel<1>;
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_layer_kernel, kThreads, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) !=
           cudaSuccess || per_sm < 1) {
     (void)cudaGetLastError();
     return false;
@@ -304,17 +341,25 @@ bool fused_layer(const FusedLayerIo& io, unsigned* barrier, unsigned& barrier_ar
   cfg.attrs = attrs;
   const bool pdl = pdl_enabled() && pdl_with_coop != 0;
   cfg.numAttrs = pdl ? 2 : 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, fused_layer_kernel, p);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
   if (pdl && pdl_with_coop < 0) {
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       cfg.numAttrs = 1;
-      e = cudaLaunchKernelEx(&cfg, fused_layer_kernel, p);
+      e = cudaLaunchKernelEx(&cfg, kernel, p);
     }
     pdl_with_coop = cfg.numAttrs == 2 ? 1 : 0;
   }
   check(e, "fused_layer", "cooperative kernel launch");
-  barrier_arrivals += unsigned(kBarriers) * blocks;
+  barrier_arrivals += unsigned(full ? kBarriers : 3) * blocks;
+  if (!full) {
+    skinny_matmul(io.attn, io.ld_attn, io.w_o, io.ld_w_o, io.x, io.ldx, Elem::F32, M, H, q_cols, true, true, s,
+                  &emit_mid);
+    skinny_matmul_silu_mul(io.h, io.ldh, io.w_gate_up, io.ld_w_gate_up, io.act, io.ld_act, M, 2 * I, H, true, s,
+                           &consume_mid);
+    skinny_matmul(io.act, io.ld_act, io.w_down, io.ld_w_down, io.x, io.ldx, Elem::F32, M, H, I, true, true, s,
+                  &emit_out);
+  }
   return true;
 }
 

@@ -84,7 +84,7 @@ __host__ __device__ constexpr int skinny_smem_floats() {
   return kWarps * MT * 16 * kRows + MT * 16 + (EPI == kEpiEmitNorm ? MT * 16 * kWarps * kCols : 0);
 }
 
-template <int MT, int NT, typename Out, int EPI, bool PAIR, bool X_NC, typename Wait>
+template <int MT, int NT, typename Out, int EPI, bool PAIR, bool X_NC, int XU_MAX = 4, typename Wait>
 __device__ __forceinline__ void skinny_mma_block(const SkinnyMmaArgs& args, int block, float* sbuf, Wait&& wait) {
   const __nv_bfloat16* __restrict__ x = args.x;
   const __nv_bfloat16* __restrict__ w = args.w;
@@ -198,7 +198,7 @@ __device__ __forceinline__ void skinny_mma_block(const SkinnyMmaArgs& args, int 
       if (c + U < c_end) load(next, c + U);
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
-      constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
+      constexpr int XU = MT == 1 ? (U < XU_MAX ? U : XU_MAX) : 1;
 #pragma unroll
       for (int u0 = 0; u0 < U; u0 += XU) {
         uint4 a[XU][MT][2];
