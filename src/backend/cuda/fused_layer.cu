@@ -31,9 +31,6 @@ namespace {
 
 constexpr int kThreads = 256;  // the products' and the split blocks' 8 warps
 constexpr int kBarriers = 6;   // between the seven stages
-#ifndef FUSED_XU
-#define FUSED_XU 4
-#endif
 // The largest product buffer (an emitting product of two n8 tiles a warp).
 constexpr size_t kProductSmemBytes =
     sizeof(float) * size_t(skinny::skinny_smem_floats<1, 2, skinny::kEpiEmitNorm, false>());
@@ -92,10 +89,12 @@ __device__ __forceinline__ void run_stage(int units, Body&& body, Sync&& sync) {
   wait();
 }
 
+// The products, in kernel order.
+enum Product { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3 };
+
 struct FusedLayerParams {
-  skinny::SkinnyMmaArgs qkv, o, gate_up, down;
-  int qkv_nt, o_nt, down_nt;
-  int qkv_blocks, o_blocks, gate_up_blocks, down_blocks;
+  skinny::SkinnyMmaArgs prod[4];  // with epi, pair and y_f32 set (kEpiRuntime)
+  int prod_blocks[4];
   qk_norm::QkNormRopeArgs qk;
   int qk_units;
   split_kv::SplitArgs attn;
@@ -105,42 +104,22 @@ struct FusedLayerParams {
   int skip;  // measuring only (DFLASH_FUSED_SKIP): stages left out, bit i for stage i in kernel order
 };
 
-// Each stage is a function of its own (not inlined): one function holding all seven would keep
-// values alive across stages, and the products, which need 126 of the 128 registers two blocks
-// an SM allow, spilled kilobytes (ptxas, 2026-11-30).
-template <typename Out, int EPI, bool PAIR, int NT>
-__device__ __noinline__ void product_stage(const skinny::SkinnyMmaArgs& a, int blocks, float* sbuf, GridBarrier& bar,
-                                           bool first) {
-  run_stage(blocks, [&](int b, auto& wait) {
-    skinny::skinny_mma_block<1, NT, Out, EPI, PAIR, false, FUSED_XU>(a, b, sbuf, wait);
-  }, [&] {
-    if (first) grid_dependency_begin();
-    else bar.sync();
-  });
-}
-
-template <typename Out, int EPI, bool PAIR>
-__device__ __forceinline__ void product(const skinny::SkinnyMmaArgs& a, int nt, int blocks, float* sbuf,
-                                        GridBarrier& bar, bool first = false) {
-  if (PAIR || nt == 2) product_stage<Out, EPI, PAIR, 2>(a, blocks, sbuf, bar, first);
-  else if constexpr (!PAIR) product_stage<Out, EPI, PAIR, 1>(a, blocks, sbuf, bar, first);
-}
-
-__device__ __noinline__ void qk_norm_stage(const qk_norm::QkNormRopeArgs& a, int units, GridBarrier& bar) {
+__device__ __forceinline__ void qk_norm_stage(const qk_norm::QkNormRopeArgs& a, int units, GridBarrier& bar) {
   run_stage(units, [&](int u, auto& wait) {
     wait();
     qk_norm::qk_norm_rope_store_block(a, u);
   }, [&] { bar.sync(); });
 }
 
-__device__ __noinline__ void attention_stage(const split_kv::SplitArgs& a, int gx, int gy, int gz,
-                                             unsigned char* smem, GridBarrier& bar) {
+__device__ __forceinline__ void attention_stage(const split_kv::SplitArgs& a, int gx, int gy, int gz,
+                                                unsigned char* smem, GridBarrier& bar) {
   run_stage(gx * gy * gz, [&](int u, auto& wait) {
     split_kv::split_block<8>(a, smem, u % gx, (u / gx) % gy, u / (gx * gy), wait);
   }, [&] { bar.sync(); });
 }
 
-// A warp per (row, head).
+// A warp per (row, head). Not inlined: its 16 chunks of outputs loaded ahead take most of a
+// thread's registers, and inlined beside the products it made them spill.
 template <int V>
 __device__ __noinline__ void merge_stage(const split_kv::SplitArgs& a, GridBarrier& bar) {
   bar.sync();
@@ -151,39 +130,60 @@ __device__ __noinline__ void merge_stage(const split_kv::SplitArgs& a, GridBarri
     split_kv::merge_pair<V>(a, pair);
 }
 
+// The whole layer. The four products share one copy of the product code, walked in a loop
+// that is not unrolled: with a copy per product (or per product kind) in one kernel, ptxas
+// kept values of one alive across another and spilled the weight batches in flight to local
+// memory (2026-11-30: the layer ran at half the products' speed). NT: the products' n8 tiles
+// a warp, the same for all four (the host checks).
+template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) fused_layer_kernel(const __grid_constant__ FusedLayerParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  // The products' arguments, picked by a run-time index below: from shared memory, where the
+  // index costs nothing (a parameter indexed at run time is copied to local memory first).
+  __shared__ skinny::SkinnyMmaArgs prod[4];
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) prod[i] = p.prod[i];
+  }
+  __syncthreads();
   float* sbuf = reinterpret_cast<float*>(smem);
   GridBarrier bar{p.barrier, p.barrier_base};
-  using skinny::kEpiEmitNorm;
-  using skinny::kEpiScaleInv;
-  // q, k, v from the layer's input norm (deferred: this product applies its 1/rms), after the
-  // kernel before this one.
-  const auto units = [&](int stage, int n) { return p.skip >> stage & 1 ? 0 : n; };
-  product<__nv_bfloat16, kEpiScaleInv, false>(p.qkv, p.qkv_nt, units(0, p.qkv_blocks), sbuf, bar, true);
-  // Per (row, head): q/k-norm and RoPE, k and v into the cache.
-  qk_norm_stage(p.qk, units(1, p.qk_units), bar);
-  attention_stage(p.attn, p.attn_x, p.attn_y, units(2, p.attn_z), smem, bar);
-  if (p.skip >> 3 & 1) bar.sync();
-  else if (p.merge_v == 4) merge_stage<4>(p.attn, bar);
-  else merge_stage<1>(p.attn, bar);
-  // x += attn · o_projᵀ, emitting the post-attention norm; act = silu(gate) · up consuming it;
-  // x += act · downᵀ, emitting the next layer's input norm.
-  product<float, kEpiEmitNorm, false>(p.o, p.o_nt, units(4, p.o_blocks), sbuf, bar);
-  product<__nv_bfloat16, kEpiScaleInv, true>(p.gate_up, 2, units(5, p.gate_up_blocks), sbuf, bar);
-  product<float, kEpiEmitNorm, false>(p.down, p.down_nt, units(6, p.down_blocks), sbuf, bar);
+#pragma unroll 1
+  for (int stage = 0; stage < 7; ++stage) {
+    const bool skip = p.skip >> stage & 1;
+    if (stage == 1) {  // per (row, head): q/k-norm and RoPE, k and v into the cache
+      qk_norm_stage(p.qk, skip ? 0 : p.qk_units, bar);
+    } else if (stage == 2) {  // split attention over the cache, chunk by chunk
+      attention_stage(p.attn, p.attn_x, p.attn_y, skip ? 0 : p.attn_z, smem, bar);
+    } else if (stage == 3) {
+      if (skip) bar.sync();
+      else if (p.merge_v == 4) merge_stage<4>(p.attn, bar);
+      else merge_stage<1>(p.attn, bar);
+    } else {
+      // q/k/v (the input norm consumed, after the kernel before this one); x += attn·o_projᵀ
+      // emitting the post-attention norm; act = silu(gate)·up consuming it; x += act·downᵀ
+      // emitting the next layer's input norm.
+      const int i = stage == 0 ? kQkv : stage - 3;
+      const skinny::SkinnyMmaArgs& a = prod[i];
+      run_stage(skip ? 0 : p.prod_blocks[i], [&](int b, auto& wait) {
+        skinny::skinny_mma_block<1, NT, void, skinny::kEpiRuntime, false, false>(a, b, sbuf, wait);
+      }, [&] {
+        if (stage == 0) grid_dependency_begin();
+        else bar.sync();
+      });
+    }
+  }
 }
 
-// The layer's attention half only: the q/k/v product inlined (one product per kernel compiles
-// to the registers of its own kernel), then q/k-norm, split attention and the merge; o_proj,
-// gate/up and down follow as kernels of their own.
+// The layer's attention half only: the q/k/v product, then q/k-norm, split attention and the
+// merge; o_proj, gate/up and down follow as kernels of their own.
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) fused_attention_kernel(const __grid_constant__ FusedLayerParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   float* sbuf = reinterpret_cast<float*>(smem);
   GridBarrier bar{p.barrier, p.barrier_base};
-  run_stage(p.qkv_blocks, [&](int b, auto& wait) {
-    skinny::skinny_mma_block<1, NT, __nv_bfloat16, skinny::kEpiScaleInv, false, true>(p.qkv, b, sbuf, wait);
+  run_stage(p.prod_blocks[kQkv], [&](int b, auto& wait) {
+    skinny::skinny_mma_block<1, NT, __nv_bfloat16, skinny::kEpiScaleInv, false, true>(p.prod[kQkv], b, sbuf, wait);
   }, [] { grid_dependency_begin(); });
   qk_norm_stage(p.qk, p.qk_units, bar);
   attention_stage(p.attn, p.attn_x, p.attn_y, p.attn_z, smem, bar);
@@ -219,7 +219,7 @@ const LaunchShape& launch_shape() {
     }
     s.cooperative = coop != 0;
     // The split stage's largest tile decides the dynamic shared memory a launch may ask for.
-    for (auto* k : {fused_layer_kernel, fused_attention_kernel<1>, fused_attention_kernel<2>})
+    for (auto* k : {fused_layer_kernel<1>, fused_layer_kernel<2>, fused_attention_kernel<1>, fused_attention_kernel<2>})
       if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(std::max(split_kv::split_smem_max(), kProductSmemBytes))) !=
           cudaSuccess) {
@@ -282,17 +282,11 @@ bool fused_layer(const FusedLayerIo& io, unsigned* barrier, unsigned& barrier_ar
                            io.ld_attn, M, hq, hkv, D, io.kv_len, io.q_pos0, io.causal, io.attn_scratch);
   if (attn.a.nc == 0 || !attn.a.mma) return false;  // the launch-per-op path covers the rest
 
-  p.qkv = qkv.args;
-  p.qkv_nt = qkv.NT;
-  p.qkv_blocks = qkv.blocks;
-  p.o = o.args;
-  p.o_nt = o.NT;
-  p.o_blocks = o.blocks;
-  p.gate_up = gate_up.args;
-  p.gate_up_blocks = gate_up.blocks;
-  p.down = down.args;
-  p.down_nt = down.NT;
-  p.down_blocks = down.blocks;
+  const skinny::MmaPlan* plans[4] = {&qkv, &o, &gate_up, &down};
+  for (int i = 0; i < 4; ++i) {
+    p.prod[i] = plans[i]->args;
+    p.prod_blocks[i] = plans[i]->blocks;
+  }
   p.qk = qk_norm::QkNormRopeArgs{static_cast<__nv_bfloat16*>(io.qkv), io.ld_qkv, hq, qkv_out + q_cols, io.ld_qkv,
                                  qkv_out + q_cols + kv_cols, io.ld_qkv, hkv, io.q_norm, io.k_norm, io.eps, D,
                                  io.positions, io.q_pos0, io.cos, io.sin,
@@ -313,8 +307,10 @@ bool fused_layer(const FusedLayerIo& io, unsigned* barrier, unsigned& barrier_ar
   p.skip = skip;
 
   const size_t smem = std::max(attn.smem, kProductSmemBytes);
-  const bool full = mode == FusedMode::Full;
-  auto* kernel = full ? fused_layer_kernel : qkv.NT == 2 ? fused_attention_kernel<2> : fused_attention_kernel<1>;
+  // The whole layer needs one tile width for its four products (one copy of their code).
+  const bool full = mode == FusedMode::Full && qkv.NT == o.NT && o.NT == gate_up.NT && gate_up.NT == down.NT;
+  auto* kernel = full ? (qkv.NT == 2 ? fused_layer_kernel<2> : fused_layer_kernel<1>)
+                      : (qkv.NT == 2 ? fused_attention_kernel<2> : fused_attention_kernel<1>);
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) !=
           cudaSuccess || per_sm < 1) {

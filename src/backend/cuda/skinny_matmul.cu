@@ -448,6 +448,9 @@ MmaPlan plan_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y
   p.args = SkinnyMmaArgs{static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, y, ldy,
                          M, N, K, tl.S, accumulate, norm ? *norm : SkinnyNorm{}, w_uploaded && mma_prewait(),
                          mma_early_y()};
+  p.args.epi = !norm ? kEpiPlain : norm->partial_out ? kEpiEmitNorm : kEpiScaleInv;
+  p.args.pair = pair;
+  p.args.y_f32 = p.args.epi == kEpiEmitNorm;  // the residual stream; every other product here writes bf16
   p.ok = true;
   return p;
 }

@@ -50,6 +50,10 @@ enum Epilogue : int {
   kEpiPlain = 0,
   kEpiEmitNorm = 1,  // y is the f32 residual: also h = bf16(norm_w ⊙ y) and Σ y² per row over the block's columns
   kEpiScaleInv = 2,  // each output times its row's 1/rms, from the partial sums an emitting product wrote
+  // The three above chosen per launch from SkinnyMmaArgs (epi, pair, y_f32) instead of per
+  // instantiation: one copy of the main loop serves every product of the fused decoder layer
+  // (fused_layer.cu), where several copies in one kernel would compete for its registers.
+  kEpiRuntime = -1,
 };
 
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
@@ -74,6 +78,9 @@ struct SkinnyMmaArgs {
   bool accumulate;
   SkinnyNorm norm;
   bool w_uploaded, early_y;
+  int epi;      // kEpiRuntime only: the epilogue
+  bool pair;    // kEpiRuntime only: a gate/up pair
+  bool y_f32;   // kEpiRuntime only: y is f32 (else bf16)
 };
 
 // Shared memory of a block, in floats: the warps' partial sums, each row's 1/rms, each row's
@@ -88,17 +95,37 @@ template <int MT, int NT, typename Out, int EPI, bool PAIR, bool X_NC, int XU_MA
 __device__ __forceinline__ void skinny_mma_block(const SkinnyMmaArgs& args, int block, float* sbuf, Wait&& wait) {
   const __nv_bfloat16* __restrict__ x = args.x;
   const __nv_bfloat16* __restrict__ w = args.w;
-  Out* __restrict__ y = static_cast<Out*>(args.y);
+  constexpr bool kRt = EPI == kEpiRuntime;
+  using OutT = std::conditional_t<kRt, float, Out>;  // a placeholder type when kRt
+  OutT* __restrict__ y = static_cast<OutT*>(args.y);
   const int64_t ldx = args.ldx, ldw = args.ldw, ldy = args.ldy;
   const int M = args.M, N = args.N, K = args.K, S = args.S;
   const bool accumulate = args.accumulate, w_uploaded = args.w_uploaded, early_y = args.early_y;
   const SkinnyNorm& norm = args.norm;
-  static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
+  static_assert(kRt || EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
-  constexpr int kRows = NT * 8;                // rows of w per warp
-  constexpr int kCols = PAIR ? 8 : kRows;      // columns of y per warp
-  const int64_t NO = PAIR ? N / 2 : N;         // columns of y
+  // The epilogue's choices: compile-time constants unless kRt.
+  const int epi = kRt ? args.epi : EPI;
+  const bool pair = kRt ? args.pair : PAIR;
+  const bool emit = epi == kEpiEmitNorm, scale_inv = epi == kEpiScaleInv;
+  constexpr int kRows = NT * 8;                  // rows of w per warp
+  const int kCols = pair ? 8 : kRows;            // columns of y per warp
+  const int64_t NO = pair ? N / 2 : N;           // columns of y
+  // y's elements, f32 or bf16 (known at compile time unless kRt).
+  const auto y_at = [&](int64_t i) -> float {
+    if constexpr (kRt) return args.y_f32 ? static_cast<const float*>(args.y)[i]
+                                         : __bfloat162float(static_cast<const __nv_bfloat16*>(args.y)[i]);
+    else return to_f32(y[i]);
+  };
+  const auto y_store = [&](int64_t i, float v) {
+    if constexpr (kRt) {
+      if (args.y_f32) static_cast<float*>(args.y)[i] = v;
+      else static_cast<__nv_bfloat16*>(args.y)[i] = __float2bfloat16_rn(v);
+    } else {
+      y[i] = from_f32<Out>(v);
+    }
+  };
   auto part = reinterpret_cast<float (*)[MT * 16][kRows]>(sbuf);  // [kWarps][MT · 16][kRows]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -123,7 +150,7 @@ __device__ __forceinline__ void skinny_mma_block(const SkinnyMmaArgs& args, int 
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     int64_t n = n0 + nt * 8 + g;
-    if constexpr (PAIR) n = n0 + g < NO ? nt * NO + n0 + g : N - 1;
+    if (pair) n = n0 + g < NO ? nt * NO + n0 + g : N - 1;
     wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
   }
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
@@ -150,15 +177,13 @@ __device__ __forceinline__ void skinny_mma_block(const SkinnyMmaArgs& args, int 
   // to L2 runs under the main loop instead of after it, at the tail of every block. The same
   // values, so the same bits.
   const int block_cols = G * kCols;
-  const bool has_early = EPI == kEpiEmitNorm && early_y && int(threadIdx.x) < M * block_cols &&
+  const bool has_early = emit && early_y && int(threadIdx.x) < M * block_cols &&
                          block_n0 + threadIdx.x % block_cols < NO;
   float y_early = 0.f, nw_early = 0.f;
-  if constexpr (EPI == kEpiEmitNorm) {
-    if (has_early) {
-      const int64_t n = block_n0 + threadIdx.x % block_cols;
-      if (accumulate) y_early = to_f32(y[int64_t(threadIdx.x / block_cols) * ldy + n]);
-      nw_early = norm.norm_w[n];
-    }
+  if (has_early) {
+    const int64_t n = block_n0 + threadIdx.x % block_cols;
+    if (accumulate) y_early = y_at(int64_t(threadIdx.x / block_cols) * ldy + n);
+    nw_early = norm.norm_w[n];
   }
 
   // Each row's 1/rms from the emitting product's partial sums (written by the kernel before
@@ -167,7 +192,7 @@ __device__ __forceinline__ void skinny_mma_block(const SkinnyMmaArgs& args, int 
   // half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
   // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
   float* inv_rms = sbuf + kWarps * MT * 16 * kRows;  // [MT · 16]
-  if constexpr (EPI == kEpiScaleInv) {
+  if (scale_inv) {
     const int half = lane / 16, l16 = lane % 16;
     for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
       float ss = 0.f;
@@ -241,31 +266,30 @@ __device__ __forceinline__ void skinny_mma_block(const SkinnyMmaArgs& args, int 
   __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
-  constexpr int kMaxBlockCols = kWarps * kCols;
+  constexpr int kMaxBlockCols = kWarps * kRows;  // an emitting product's columns (never a pair)
   auto sq = reinterpret_cast<float (*)[kMaxBlockCols]>(inv_rms + MT * 16);  // emitting: [MT · 16][kMaxBlockCols]
   for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
     const int m = i / block_cols, col = i % block_cols;
     const int64_t n = block_n0 + col;
     if (n >= NO) {
-      if constexpr (EPI == kEpiEmitNorm) sq[m][col] = 0.f;
+      if (emit) sq[m][col] = 0.f;
       continue;
     }
     const int grp = col / kCols, r = col % kCols;
     float sum = part[grp][m][r];
     for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
-    if constexpr (EPI == kEpiScaleInv) sum *= inv_rms[m];
-    Out* dst = y + int64_t(m) * ldy + n;
-    if constexpr (PAIR) {
+    if (scale_inv) sum *= inv_rms[m];
+    const int64_t dst = int64_t(m) * ldy + n;
+    if (pair) {
       float up = part[grp][m][8 + r];
       for (int s = 1; s < S; ++s) up += part[s * G + grp][m][8 + r];
-      if constexpr (EPI == kEpiScaleInv) up *= inv_rms[m];
-      *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
-                                        __bfloat162float(__float2bfloat16_rn(up))));
+      if (scale_inv) up *= inv_rms[m];
+      y_store(dst, silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)), __bfloat162float(__float2bfloat16_rn(up))));
     } else {
-      const bool early = EPI == kEpiEmitNorm && has_early && i == int(threadIdx.x);
-      const float v = accumulate ? (early ? y_early : to_f32(*dst)) + sum : sum;
-      *dst = from_f32<Out>(v);
-      if constexpr (EPI == kEpiEmitNorm) {
+      const bool early = emit && has_early && i == int(threadIdx.x);
+      const float v = accumulate ? (early ? y_early : y_at(dst)) + sum : sum;
+      y_store(dst, v);
+      if (emit) {
         norm.h[int64_t(m) * norm.ldh + n] = __float2bfloat16_rn((early ? nw_early : norm.norm_w[n]) * v);
         sq[m][col] = v * v;
       }
@@ -273,7 +297,7 @@ __device__ __forceinline__ void skinny_mma_block(const SkinnyMmaArgs& args, int 
   }
   // Σ y² of each row over the block's columns, in column order (warp per row, lanes over
   // columns, the fixed butterfly): one partial per (row, block), whatever M is.
-  if constexpr (EPI == kEpiEmitNorm) {
+  if (emit) {
     __syncthreads();
     for (int m = warp; m < M; m += kWarps) {
       float ss = 0.f;
