@@ -462,7 +462,9 @@ __device__ __forceinline__ void split_block(const SplitArgs& a, unsigned char* s
 constexpr int kMergeEarlyChunks = 16;
 // merge_pair is one warp's (row, head), pair = t · hq + h < T · hq, shared by split_merge_kernel
 // and the fused decoder layer.
-template <int V>
+// EARLY: chunks whose outputs are loaded before the max is known (registers: EARLY · V a
+// thread); the sums run in chunk order either way, so it changes no bit.
+template <int V, int EARLY = kMergeEarlyChunks>
 __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair) {
   const int lane = threadIdx.x % 32;
   const int64_t t = pair / a.hq;
@@ -474,9 +476,9 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair) {
   for (int base = 0; base < a.D; base += 32 * V) {  // warp-uniform
     const int d0 = base + lane * V;
     const bool live = d0 < a.D;  // D % V == 0
-    float early[kMergeEarlyChunks][V];
+    float early[EARLY][V];
 #pragma unroll
-    for (int c = 0; c < kMergeEarlyChunks; ++c)
+    for (int c = 0; c < EARLY; ++c)
       if (c < n && live) {
         if constexpr (V == 4) {
           const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(c) * a.D + d0));
@@ -497,7 +499,7 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair) {
     float2 x = first;  // chunks cb … cb + 31: lane l holds chunk cb + l's (max, sum)
     float w_lane = lane < n ? exp2f(x.x - M) : 0.f;
 #pragma unroll
-    for (int c = 0; c < kMergeEarlyChunks; ++c) {
+    for (int c = 0; c < EARLY; ++c) {
       if (c >= n) break;  // warp-uniform
       const float w = __shfl_sync(0xffffffffu, w_lane, c), l = __shfl_sync(0xffffffffu, x.y, c);
       if (live) {
@@ -506,7 +508,7 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair) {
       }
       den = fmaf(l, w, den);
     }
-    for (int c = kMergeEarlyChunks; c < n; ++c) {
+    for (int c = EARLY; c < n; ++c) {
       if (c % 32 == 0) {
         x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
         w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;

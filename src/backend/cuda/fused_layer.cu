@@ -118,16 +118,21 @@ __device__ __forceinline__ void attention_stage(const split_kv::SplitArgs& a, in
   }, [&] { bar.sync(); });
 }
 
-// A warp per (row, head). Not inlined: its 16 chunks of outputs loaded ahead take most of a
-// thread's registers, and inlined beside the products it made them spill.
-template <int V>
-__device__ __noinline__ void merge_stage(const split_kv::SplitArgs& a, GridBarrier& bar) {
+// A warp per (row, head), with 4 chunks' outputs loaded ahead instead of 16: those take a
+// thread's registers, and beside the products they made them spill (ptxas).
+template <int V, int EARLY = 4>
+__device__ __forceinline__ void merge_stage(const split_kv::SplitArgs& a, GridBarrier& bar) {
   bar.sync();
   constexpr int kWarpsPerBlock = kThreads / 32;
   const int64_t pairs = a.T * a.hq;
   for (int64_t pair = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pair < pairs;
        pair += int64_t(gridDim.x) * kWarpsPerBlock)
-    split_kv::merge_pair<V>(a, pair);
+    split_kv::merge_pair<V, EARLY>(a, pair);
+}
+// Measuring only: the merge as a call of its own, with all 16 chunks ahead.
+template <int V>
+__device__ __noinline__ void merge_stage_call(const split_kv::SplitArgs& a, GridBarrier& bar) {
+  merge_stage<V, split_kv::kMergeEarlyChunks>(a, bar);
 }
 
 // The whole layer. The four products share one copy of the product code, walked in a loop
@@ -135,7 +140,7 @@ __device__ __noinline__ void merge_stage(const split_kv::SplitArgs& a, GridBarri
 // kept values of one alive across another and spilled the weight batches in flight to local
 // memory (2026-11-30: the layer ran at half the products' speed). NT: the products' n8 tiles
 // a warp, the same for all four (the host checks).
-template <int NT>
+template <int NT, int XU = 4, bool MERGE_CALL = false>
 __global__ void __launch_bounds__(kThreads, 2) fused_layer_kernel(const __grid_constant__ FusedLayerParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   // The products' arguments, picked by a run-time index below: from shared memory, where the
@@ -157,6 +162,8 @@ __global__ void __launch_bounds__(kThreads, 2) fused_layer_kernel(const __grid_c
       attention_stage(p.attn, p.attn_x, p.attn_y, skip ? 0 : p.attn_z, smem, bar);
     } else if (stage == 3) {
       if (skip) bar.sync();
+      else if (MERGE_CALL && p.merge_v == 4) merge_stage_call<4>(p.attn, bar);
+      else if (MERGE_CALL) merge_stage_call<1>(p.attn, bar);
       else if (p.merge_v == 4) merge_stage<4>(p.attn, bar);
       else merge_stage<1>(p.attn, bar);
     } else {
@@ -166,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 2) fused_layer_kernel(const __grid_c
       const int i = stage == 0 ? kQkv : stage - 3;
       const skinny::SkinnyMmaArgs& a = prod[i];
       run_stage(skip ? 0 : p.prod_blocks[i], [&](int b, auto& wait) {
-        skinny::skinny_mma_block<1, NT, void, skinny::kEpiRuntime, false, false>(a, b, sbuf, wait);
+        skinny::skinny_mma_block<1, NT, void, skinny::kEpiRuntime, false, false, XU>(a, b, sbuf, wait);
       }, [&] {
         if (stage == 0) grid_dependency_begin();
         else bar.sync();
@@ -187,8 +194,8 @@ __global__ void __launch_bounds__(kThreads, 2) fused_attention_kernel(const __gr
   }, [] { grid_dependency_begin(); });
   qk_norm_stage(p.qk, p.qk_units, bar);
   attention_stage(p.attn, p.attn_x, p.attn_y, p.attn_z, smem, bar);
-  if (p.merge_v == 4) merge_stage<4>(p.attn, bar);
-  else merge_stage<1>(p.attn, bar);
+  if (p.merge_v == 4) merge_stage<4, split_kv::kMergeEarlyChunks>(p.attn, bar);
+  else merge_stage<1, split_kv::kMergeEarlyChunks>(p.attn, bar);
 }
 
 // What runs as one kernel (DFLASH_FUSED_LAYER, read once): "attention" (the default) the
@@ -219,7 +226,8 @@ const LaunchShape& launch_shape() {
     }
     s.cooperative = coop != 0;
     // The split stage's largest tile decides the dynamic shared memory a launch may ask for.
-    for (auto* k : {fused_layer_kernel<1>, fused_layer_kernel<2>, fused_attention_kernel<1>, fused_attention_kernel<2>})
+    for (auto* k : {fused_layer_kernel<1>, fused_layer_kernel<2>, fused_layer_kernel<2, 2>, fused_layer_kernel<2, 2, true>,
+                    fused_attention_kernel<1>, fused_attention_kernel<2>})
       if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(std::max(split_kv::split_smem_max(), kProductSmemBytes))) !=
           cudaSuccess) {
@@ -309,7 +317,13 @@ bool fused_layer(const FusedLayerIo& io, unsigned* barrier, unsigned& barrier_ar
   const size_t smem = std::max(attn.smem, kProductSmemBytes);
   // The whole layer needs one tile width for its four products (one copy of their code).
   const bool full = mode == FusedMode::Full && qkv.NT == o.NT && o.NT == gate_up.NT && gate_up.NT == down.NT;
-  auto* kernel = full ? (qkv.NT == 2 ? fused_layer_kernel<2> : fused_layer_kernel<1>)
+  static const int variant = [] {  // measuring only
+    const char* e = std::getenv("DFLASH_FUSED_VARIANT");
+    return e ? std::atoi(e) : 0;
+  }();
+  auto* layer2 = variant == 1 ? fused_layer_kernel<2, 2> : variant == 2 ? fused_layer_kernel<2, 2, true>
+                                                                        : fused_layer_kernel<2>;
+  auto* kernel = full ? (qkv.NT == 2 ? layer2 : fused_layer_kernel<1>)
                       : (qkv.NT == 2 ? fused_attention_kernel<2> : fused_attention_kernel<1>);
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) !=

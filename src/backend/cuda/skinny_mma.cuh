@@ -37,12 +37,12 @@ constexpr int kWarps = 8;
 constexpr int kTargetWarps = 2048;   // ≈ 132 SMs × 16 warps: enough loads in flight for HBM3e
 constexpr int kMinSliceChunks = 8;   // a K slice of at least 256 elements per warp
 
-// x's 16-byte loads: through the read-only path when x is older than the kernel, else plain
-// loads (coherent with what other blocks stored before the last grid barrier).
+// x's 16-byte loads: through the read-only path when x is older than the kernel, else from L2
+// (coherent with what other blocks stored before the last grid barrier).
 template <bool X_NC>
 __device__ __forceinline__ uint4 load_x(const uint4* p) {
   if constexpr (X_NC) return __ldg(p);
-  else return *p;
+  else return __ldcg(p);  // global, through L2 (a plain load of a pointer from memory is generic)
 }
 
 // What the epilogue does besides storing y (the deferred RMSNorm, SkinnyNorm in kernels.h).
