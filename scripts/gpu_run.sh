@@ -100,25 +100,6 @@ if has build; then
   rm -f "$OUT/configure.txt"
 fi
 
-if has sass; then
-  # Local-memory traffic (spills) in the fused layer's stages: where it sits against the
-  # products' main loops (HMMA), from the SASS of the built object.
-  step "SASS: local memory in fused_layer.cu's functions"
-  obj=$(find "$BUILD" -name 'fused_layer.cu.o' | head -1)
-  cuobjdump -sass "$obj" >/tmp/fused_sass.txt 2>&1 || echo "cuobjdump failed"
-  xz -c /tmp/fused_sass.txt >"$OUT/fused_sass.txt.xz"
-  python3 - /tmp/fused_sass.txt <<'EOF'
-import re, sys
-s = open(sys.argv[1]).read()
-for f in re.split(r"\n\s*Function : ", s)[1:]:
-    name, lines = f.split("\n")[0], f.split("\n")
-    ldst = [i for i, l in enumerate(lines) if re.search(r"\b(STL|LDL)(\.|\s)", l)]
-    hm = [i for i, l in enumerate(lines) if "HMMA" in l]
-    inner = [i for i in ldst if hm and hm[0] <= i <= hm[-1]]
-    print(f"{name[-90:]}: {len(lines)} lines, {len(hm)} HMMA, {len(ldst)} STL/LDL, {len(inner)} between the first and last HMMA")
-EOF
-fi
-
 if has tests; then
   # TEST_AB ("|"-separated environment settings, as AB below) runs the tests again under each.
   IFS='|' read -ra test_settings <<<"${TEST_AB:-}"

@@ -78,33 +78,6 @@ struct RowDraw {
   RowLaw law;          // the row's law, which the draw computed first
 };
 
-// One attention + MLP decoder layer, as model/qwen3.cc decoder_layer_attention_mlp runs it op by
-// op (see there for what each argument means), for a backend that can run the whole layer as
-// one kernel (Backend::fused_decoder_layer).
-struct DecoderLayerCall {
-  const Tensor* qkv_proj = nullptr;  // [(hq + 2·hkv)·D, H]
-  const Tensor* q_norm = nullptr;
-  const Tensor* k_norm = nullptr;
-  const Tensor* o_proj = nullptr;
-  const Tensor* post_attention_norm = nullptr;
-  const Tensor* gate_up_proj = nullptr;
-  const Tensor* down_proj = nullptr;
-  const Tensor* next_norm = nullptr;
-  int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
-  float eps = 0.f;
-  const RopeTable* rope = nullptr;
-  Tensor* x = nullptr;             // the residual stream [T, H], f32
-  NormedRows* normed = nullptr;    // the input norm on entry, the next norm on exit
-  const std::vector<int32_t>* q_pos = nullptr;
-  Tensor* k_cache = nullptr;       // whole caches; rows kv_pos0 … kv_pos0 + T − 1 are written
-  Tensor* v_cache = nullptr;
-  int64_t kv_pos0 = 0, kv_len = 0;
-  AttentionMask mask = AttentionMask::Causal;
-  Tensor* qkv = nullptr;           // scratch, [T, …] each
-  Tensor* attn = nullptr;
-  Tensor* act = nullptr;
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -190,18 +163,6 @@ class Backend {
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
                                   int64_t head_dim, const RopeTable& table, Tensor& k_dst, Tensor& v_dst);
-  // The whole layer in one go, where the backend has that: true when it ran the layer (with the
-  // same bits as the ops one by one), false when it did nothing and the caller runs the ops.
-  virtual bool fused_decoder_layer(const DecoderLayerCall&) { return false; }
-  // Models call fused_decoder_layer only while this is on (the default); off, every layer runs
-  // op by op, to compare against.
-  void set_fused_layers(bool on) { fused_layers_ = on; }
-  bool fused_layers() const { return fused_layers_; }
-
- private:
-  bool fused_layers_ = true;
-
- public:
 };
 
 // The shape of several checkpoint tensors concatenated along rows (a fused projection; a 1-D

@@ -70,34 +70,7 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
   const int64_t T = x.rows, D = c.head_dim;
   const int64_t q_cols = int64_t(c.num_attention_heads) * D, kv_cols = int64_t(c.num_key_value_heads) * D;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  Tensor qkv = s.qkv.slice_rows(0, T), attn = s.attn.slice_rows(0, T), act = s.act.slice_rows(0, T);
-  DecoderLayerCall call;
-  call.qkv_proj = &w.qkv_proj;
-  call.q_norm = &w.q_norm;
-  call.k_norm = &w.k_norm;
-  call.o_proj = &w.o_proj;
-  call.post_attention_norm = &w.post_attention_norm;
-  call.gate_up_proj = &w.gate_up_proj;
-  call.down_proj = &w.down_proj;
-  call.next_norm = &next_norm;
-  call.q_heads = c.num_attention_heads;
-  call.kv_heads = c.num_key_value_heads;
-  call.head_dim = D;
-  call.eps = eps;
-  call.rope = &rope;
-  call.x = &x;
-  call.normed = &normed;
-  call.q_pos = &q_pos;
-  call.k_cache = &cache.k;
-  call.v_cache = &cache.v;
-  call.kv_pos0 = kv_pos0;
-  call.kv_len = kv_len;
-  call.mask = mask;
-  call.qkv = &qkv;
-  call.attn = &attn;
-  call.act = &act;
-  if (b.fused_layers() && b.fused_decoder_layer(call)) return;
-
+  Tensor qkv = s.qkv.slice_rows(0, T), attn = s.attn.slice_rows(0, T);
   b.matmul_normed(normed, w.qkv_proj, qkv);
   Tensor q = qkv.slice_cols(0, q_cols);
   Tensor k_dst = cache.k.slice_rows(kv_pos0, T), v_dst = cache.v.slice_rows(kv_pos0, T);
@@ -107,6 +80,7 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
   // The residual adds and the norms after them: normed.h (s.h) is reused, each norm being
   // consumed by the product right after it.
   b.matmul_add_norm(attn, w.o_proj, x, w.post_attention_norm, eps, normed);
+  Tensor act = s.act.slice_rows(0, T);
   b.matmul_silu_mul_normed(normed, w.gate_up_proj, act);
   b.matmul_add_norm(act, w.down_proj, x, next_norm, eps, normed);
 }

@@ -457,114 +457,6 @@ class CudaBackend final : public Backend {
                     q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_);
   }
 
-  // Decode, verification and drafting rows (T ≤ kFusedLayerMaxRows) with every product on the
-  // tensor-core kernel and the norms deferred: the layer as one cooperative kernel
-  // (fused_layer.cu), the same bits as the ops one by one. Anything else, and any argument that
-  // does not fit, goes back to the caller's op-by-op path, whose ops check and report it.
-  bool fused_decoder_layer(const DecoderLayerCall& c) override {
-    NormedRows& in = *c.normed;
-    const Tensor& x = *c.x;
-    const int64_t T = x.rows, H = x.cols, D = c.head_dim, hq = c.q_heads, hkv = c.kv_heads;
-    if (T < 1 || T > kFusedLayerMaxRows || !in.deferred || D <= 0 || hq <= 0 || hkv <= 0 || hq % hkv) return false;
-    const int64_t q_cols = hq * D, kv_cols = hkv * D, I = c.down_proj->cols;
-    const auto weight = [](const Tensor& w, int64_t rows, int64_t cols) {
-      return on_device(w, DType::BF16) && w.weight && w.rows == rows && w.cols == cols;
-    };
-    const auto norm_w = [](const Tensor& w, int64_t n) { return on_device(w, DType::F32) && w.numel() == n; };
-    const auto scratch = [&](const Tensor& t, int64_t cols) {
-      return on_device(t, DType::BF16) && t.rows == T && t.cols == cols;
-    };
-    const Tensor &kc = *c.k_cache, &vc = *c.v_cache;
-    const bool fits =
-        on_device(x, DType::F32) && in.h.rows == T && in.h.cols == H && in.partial.rows == T &&
-        weight(*c.qkv_proj, q_cols + 2 * kv_cols, H) && weight(*c.o_proj, H, q_cols) &&
-        weight(*c.gate_up_proj, 2 * I, H) && weight(*c.down_proj, H, I) && norm_w(*c.q_norm, D) &&
-        norm_w(*c.k_norm, D) && norm_w(*c.post_attention_norm, H) && norm_w(*c.next_norm, H) &&
-        deferrable(x, *c.next_norm, in.h) && scratch(*c.qkv, q_cols + 2 * kv_cols) && scratch(*c.attn, q_cols) &&
-        scratch(*c.act, I) && on_device(kc, DType::BF16) && on_device(vc, DType::BF16) && kc.cols == kv_cols &&
-        vc.cols == kv_cols && c.kv_pos0 >= 0 && c.kv_pos0 + T <= std::min(kc.rows, vc.rows) && c.kv_len >= 0 &&
-        c.kv_len <= std::min(kc.rows, vc.rows) && static_cast<int64_t>(c.q_pos->size()) == T &&
-        c.rope->head_dim() == D && H <= INT32_MAX && I <= INT32_MAX && q_cols + 2 * kv_cols <= INT32_MAX;
-    if (!fits) return false;
-    const std::shared_ptr<void> dev_pos = device_positions(*c.q_pos, *c.rope, "fused_decoder_layer");
-    const RopeEntry& e = rope_table(*c.rope);
-    std::shared_ptr<void> attn_scratch;
-    if (const size_t bytes = attention_scratch_bytes(T, hq, D, c.kv_len)) {
-      size_t rounded = 4096;
-      while (rounded < bytes) rounded *= 2;
-      attn_scratch = pool_->allocate(rounded, "attention");
-    }
-    Tensor partial_mid = alloc(T, skinny_norm_parts(int(H), int(q_cols)), DType::F32);
-    Tensor partial_out = alloc(T, skinny_norm_parts(int(H), int(I)), DType::F32);
-    FusedLayerIo io;
-    io.M = static_cast<int>(T);
-    io.hidden = static_cast<int>(H);
-    io.q_heads = static_cast<int>(hq);
-    io.kv_heads = static_cast<int>(hkv);
-    io.head_dim = static_cast<int>(D);
-    io.intermediate = static_cast<int>(I);
-    io.eps = c.eps;
-    io.h = in.h.data;
-    io.ldh = in.h.ld;
-    io.partial_in = in.partial.ptr<float>();
-    io.ld_partial_in = in.partial.ld;
-    io.parts_in = static_cast<int>(in.partial.cols);
-    io.x = c.x->ptr<float>();
-    io.ldx = x.ld;
-    io.w_qkv = c.qkv_proj->data;
-    io.ld_w_qkv = c.qkv_proj->ld;
-    io.q_norm = c.q_norm->ptr<float>();
-    io.k_norm = c.k_norm->ptr<float>();
-    io.w_o = c.o_proj->data;
-    io.ld_w_o = c.o_proj->ld;
-    io.post_norm = c.post_attention_norm->ptr<float>();
-    io.w_gate_up = c.gate_up_proj->data;
-    io.ld_w_gate_up = c.gate_up_proj->ld;
-    io.w_down = c.down_proj->data;
-    io.ld_w_down = c.down_proj->ld;
-    io.next_norm = c.next_norm->ptr<float>();
-    io.qkv = c.qkv->data;
-    io.ld_qkv = c.qkv->ld;
-    io.attn = c.attn->data;
-    io.ld_attn = c.attn->ld;
-    io.act = c.act->data;
-    io.ld_act = c.act->ld;
-    io.partial_mid = partial_mid.ptr<float>();
-    io.ld_partial_mid = partial_mid.ld;
-    io.partial_out = partial_out.ptr<float>();
-    io.ld_partial_out = partial_out.ld;
-    io.k_cache = kc.data;
-    io.v_cache = vc.data;
-    io.ld_k_cache = kc.ld;
-    io.ld_v_cache = vc.ld;
-    io.kv_pos0 = c.kv_pos0;
-    io.kv_len = c.kv_len;
-    io.q_pos0 = (*c.q_pos)[0];
-    io.causal = c.mask == AttentionMask::Causal;
-    io.positions = static_cast<const int32_t*>(dev_pos.get());
-    io.cos = static_cast<const float*>(e.cos.get());
-    io.sin = static_cast<const float*>(e.sin.get());
-    io.attn_scratch = attn_scratch.get();
-    if (!layer_barrier_) {
-      layer_barrier_ = pool_->allocate(sizeof(unsigned), "fused_decoder_layer");
-      check(cudaMemsetAsync(layer_barrier_.get(), 0, sizeof(unsigned), stream_), "fused_decoder_layer",
-            "clearing the barrier counter");
-      layer_barrier_arrivals_ = 0;
-    }
-    {
-      OpTimer timer(prof_.get(), "fused_decoder_layer", [&] {
-        return "T" + std::to_string(T) + " " + kv_bucket(c.kv_len) + " " + std::to_string(H) + "/" +
-               std::to_string(I);
-      });
-      if (!cuda::fused_layer(io, static_cast<unsigned*>(layer_barrier_.get()), layer_barrier_arrivals_, stream_))
-        return false;
-    }
-    in.partial = partial_out;
-    remember(in, x, *c.next_norm, c.eps);
-    in.deferred = true;
-    return true;
-  }
-
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
     expect_device(gate_up, "silu_mul", "gate_up");
     expect_device(out, "silu_mul", "out");
@@ -859,9 +751,6 @@ class CudaBackend final : public Backend {
   }
 
   std::shared_ptr<DevicePool> pool_;
-  // The fused layers' grid-barrier counter and the host's count of its arrivals (fused_layer.cu).
-  std::shared_ptr<void> layer_barrier_;
-  unsigned layer_barrier_arrivals_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<void> workspace_;
