@@ -52,6 +52,9 @@ JOBS=${JOBS:-16}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+# One setting of AB or TEST_AB ("A=1 B=2", shell quoting allowed: "DFLASH_CUDA_PDL_SKIP='matmul (skinny)'")
+# as words for env.
+setting_words() { eval "words=($1)"; }
 status=0
 
 DEPS=${DEPS:-/opt/deps}
@@ -106,7 +109,8 @@ if has tests; then
   for setting in "" "${test_settings[@]}"; do
     step "GPU tests (dflash_tests --gtest_filter='$TEST_FILTER') ${setting:-default}"
     echo "=== ${setting:-default}" >>"$OUT/tests.txt"
-    env $setting timeout 150 "$BUILD/tests/dflash_tests" --gtest_filter="$TEST_FILTER" >>"$OUT/tests.txt" 2>&1 || status=1
+    setting_words "$setting"
+    env "${words[@]}" timeout 150 "$BUILD/tests/dflash_tests" --gtest_filter="$TEST_FILTER" >>"$OUT/tests.txt" 2>&1 || status=1
     sed -n '/^=== '"${setting:-default}"'$/,$p' "$OUT/tests.txt" \
       | grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED|cuda) |Failure|Expected|Which is|actual|error"
   done
@@ -182,7 +186,8 @@ if has ab; then
   IFS='|' read -ra settings <<<"$AB|"
   for setting in "${settings[@]}"; do
     echo "--- ${setting:-default}"
-    env $setting timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
+    setting_words "$setting"
+    env "${words[@]}" timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
       --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
       | grep -E "^ALL|^DFlash step|^plain decode|^time"
   done
