@@ -129,12 +129,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const bool has_early = EPI == kEpiEmitNorm && early_y && int(threadIdx.x) < M * block_cols &&
                          block_n0 + threadIdx.x % block_cols < NO;
   float y_early = 0.f, nw_early = 0.f;
-  if constexpr (EPI == kEpiEmitNorm) {
-    if (has_early) {
-      const int64_t n = block_n0 + threadIdx.x % block_cols;
-      if (accumulate) y_early = to_f32(y[int64_t(threadIdx.x / block_cols) * ldy + n]);
-      nw_early = norm.norm_w[n];
-    }
+  if (has_early) {
+    const int64_t n = block_n0 + threadIdx.x % block_cols;
+    if (accumulate) y_early = to_f32(y[int64_t(threadIdx.x / block_cols) * ldy + n]);
+    nw_early = norm.norm_w[n];
   }
 
   // Each row's 1/rms from the emitting product's partial sums (written by the kernel before
@@ -238,7 +236,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
                                         __bfloat162float(__float2bfloat16_rn(up))));
     } else {
-      const bool early = EPI == kEpiEmitNorm && has_early && i == int(threadIdx.x);
+      const bool early = has_early && i == int(threadIdx.x);
       const float v = accumulate ? (early ? y_early : to_f32(*dst)) + sum : sum;
       *dst = from_f32<Out>(v);
       if constexpr (EPI == kEpiEmitNorm) {
@@ -260,22 +258,46 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-// DFLASH_SKINNY_EARLY_Y=0 loads the epilogue's residual at the end, as before (to measure).
-bool mma_early_y() {
-  static const bool early = [] {
-    const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y");
-    return !(e && std::string(e) == "0");
-  }();
-  return early;
-}
+// Process-wide settings, read once (so they can never split a row alone from the same row in a
+// block). Tensor cores are used when the kernel exists in this binary for this device: a build
+// whose only PTX predates sm_80 (CMake's default CUDA architecture on some toolkits) has it
+// compiled to a trap. Environment variables for measuring on the GPU without a rebuild:
+// DFLASH_SKINNY_MMA=0 forces the CUDA-core kernels (to compare against them),
+// DFLASH_SKINNY_TARGET_WARPS=n replaces the wave rule by a K-split target of n warps,
+// DFLASH_SKINNY_PREWAIT=0 loads an uploaded weight's first batch after the grid dependency wait
+// too, and DFLASH_SKINNY_EARLY_Y=0 loads the emitting products' residual at the end of the
+// block, as before the tenth pass.
+struct MmaSettings {
+  bool enabled = false;
+  int64_t target_warps = kTargetWarps;
+  int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
+  bool prewait = true, early_y = true;
+};
 
-// DFLASH_SKINNY_PREWAIT=0 loads an uploaded weight's first batch after the wait too (to measure).
-bool mma_prewait() {
-  static const bool prewait = [] {
-    const char* e = std::getenv("DFLASH_SKINNY_PREWAIT");
-    return !(e && std::string(e) == "0");
+const MmaSettings& mma_settings() {
+  static const MmaSettings settings = [] {
+    MmaSettings m;
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, skinny_mma_kernel<1, 1, float>) == cudaSuccess)
+      m.enabled = a.ptxVersion >= 80 && a.binaryVersion >= 80;
+    else
+      (void)cudaGetLastError();  // not sticky: the fallback kernels still run
+    if (const char* e = std::getenv("DFLASH_SKINNY_MMA"); e && std::string(e) == "0") m.enabled = false;
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
+      m.block_slots = int64_t(sms) * 2;  // 8-warp blocks, two per SM (16 warps)
+    else
+      (void)cudaGetLastError();
+    if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) {
+      m.target_warps = std::atoll(e);
+      m.block_slots = 0;
+    }
+    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
+    if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
+    return m;
   }();
-  return prewait;
+  return settings;
 }
 
 // Blocks of the tensor-core kernel for a weight of N rows (N / 2 outputs when PAIR) at n8
@@ -292,8 +314,8 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(mma_blocks(N, NT, S, PAIR)),
                 kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w),
-                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded && mma_prewait(),
-                mma_early_y());
+                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded && mma_settings().prewait,
+                mma_settings().early_y);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -342,42 +364,6 @@ void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* 
     if (tl.NT == 2) launch_mma<2, 2, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
     else launch_mma<2, 1, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
   }
-}
-
-// Process-wide settings, read once (so they can never split a row alone from the same row in a
-// block). Tensor cores are used when the kernel exists in this binary for this device: a build
-// whose only PTX predates sm_80 (CMake's default CUDA architecture on some toolkits) has it
-// compiled to a trap. Two environment variables exist for measuring on the GPU without a
-// rebuild: DFLASH_SKINNY_MMA=0 forces the CUDA-core kernels (to compare against them), and
-// DFLASH_SKINNY_TARGET_WARPS=n replaces the wave rule by a K-split target of n warps.
-struct MmaSettings {
-  bool enabled = false;
-  int64_t target_warps = kTargetWarps;
-  int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
-};
-
-const MmaSettings& mma_settings() {
-  static const MmaSettings settings = [] {
-    MmaSettings m;
-    cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, skinny_mma_kernel<1, 1, float>) == cudaSuccess)
-      m.enabled = a.ptxVersion >= 80 && a.binaryVersion >= 80;
-    else
-      (void)cudaGetLastError();  // not sticky: the fallback kernels still run
-    if (const char* e = std::getenv("DFLASH_SKINNY_MMA"); e && std::string(e) == "0") m.enabled = false;
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
-      m.block_slots = int64_t(sms) * 2;  // 8-warp blocks, two per SM (16 warps)
-    else
-      (void)cudaGetLastError();
-    if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) {
-      m.target_warps = std::atoll(e);
-      m.block_slots = 0;
-    }
-    return m;
-  }();
-  return settings;
 }
 
 // ---------------------------------------------------------------------------------------------
