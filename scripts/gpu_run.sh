@@ -152,10 +152,10 @@ if has bench; then
   fi
   echo "synth took $(( $(date +%s) - t0 )) s"; du -sh $Q8B $Q8B-dflash
 
-  step "bench Qwen3-8B shapes: 512-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation)"
+  step "bench Qwen3-8B shapes: 512-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation), graph probe"
   # The per-op profiler (DFLASH_CUDA_PROFILE=1) prints its table to stderr at exit.
   DFLASH_CUDA_PROFILE=${PROFILE:-1} timeout 150 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
-    --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth --json "$OUT/bench_q8b.json" 2>&1 \
+    --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth --graph-probe --json "$OUT/bench_q8b.json" 2>&1 \
     | tee "$OUT/bench_q8b.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 

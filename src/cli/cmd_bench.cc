@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
@@ -29,6 +30,7 @@ struct BenchArgs {
   bool chat = false;
   bool bandwidth = false;
   bool ignore_eos = false;
+  bool graph_probe = false;
   SamplingArgs sampling;  // greedy unless given; the same draws for plain and speculative
 };
 
@@ -86,6 +88,46 @@ double copy_bandwidth() {
   }
   return best;
 }
+
+#ifdef DFLASH_CUDA
+// --graph-probe: how much of a step's GPU time CUDA graphs would recover. Each of a decode
+// step, a verification of a block and a draft of a block runs at a fixed place after the
+// prompt (the state rolled back before each call, so every call queues the same work at the
+// same addresses), launched op by op and replayed from a graph captured from one call.
+void run_graph_probe(LoadedModels& m, const std::vector<int32_t>& prompt, nlohmann::json& report) {
+  Qwen3Model& target = *m.target;
+  const int B = m.drafter ? m.drafter->config().block_size : 16;
+  const std::vector<int> features = m.drafter ? m.drafter->config().target_layer_ids : std::vector<int>{};
+  SequenceState ts = target.new_sequence(int64_t(prompt.size()) + B + 1);
+  const ForwardOutput prefill = target.forward(ts, prompt, false, features);
+  const int64_t s = ts.length();
+  const int32_t anchor = prompt.back();
+  const std::vector<int32_t> block(size_t(B), anchor);
+  nlohmann::json out = nlohmann::json::object();
+  auto probe = [&](const char* name, const std::function<void()>& step) {
+    const cuda::GraphProbe g = cuda::graph_probe(*m.backend, step, 50);
+    std::printf("graph probe %-22s launched %.3f ms, graph %.3f ms (%.3fx); %zu nodes, %zu edges, %zu programmatic\n",
+                name, g.launched_ms, g.replayed_ms, g.launched_ms / g.replayed_ms, g.nodes, g.edges,
+                g.programmatic_edges);
+    out[name] = {{"launched_ms", g.launched_ms}, {"graph_ms", g.replayed_ms}, {"nodes", g.nodes},
+                 {"programmatic_edges", g.programmatic_edges}};
+  };
+  probe("decode (1 row)", [&] {
+    ts.truncate(s);
+    target.forward(ts, {anchor}, false);
+  });
+  probe("verify (block rows)", [&] {
+    ts.truncate(s);
+    target.forward(ts, block, true, features);
+  });
+  if (m.drafter) {
+    SequenceState ds = m.drafter->new_sequence(s + B);
+    m.drafter->add_context(ds, prefill.features);
+    probe("draft (block rows)", [&] { m.drafter->draft(ds, anchor, B, B); });
+  }
+  report["graph_probe"] = out;
+}
+#endif
 
 int run_bench(BenchArgs& a) {
   LoadedModels m = load_models(a.model);
@@ -171,6 +213,14 @@ int run_bench(BenchArgs& a) {
     std::printf("plain decode %.1f tokens/s = %.1f%% of the %.1f tokens/s bound\n", plain_tps, 100 * plain_tps / bound,
                 bound);
   }
+  if (a.graph_probe) {
+#ifdef DFLASH_CUDA
+    if (m.backend->device() != DeviceKind::CUDA) throw Error("--graph-probe needs --device cuda");
+    run_graph_probe(m, prompts.front().ids, report);
+#else
+    throw Error("--graph-probe needs a build with -DDFLASH_CUDA=ON");
+#endif
+  }
   if (!a.json_out.empty()) {
     std::ofstream(a.json_out) << report.dump(2) << "\n";
     std::printf("wrote %s\n", a.json_out.c_str());
@@ -188,6 +238,8 @@ RegisterCommand reg("bench", "Benchmark plain against speculative decoding over 
   sub.add_flag("--chat", a->chat, "Wrap text prompts in the chat template");
   sub.add_flag("--ignore-eos", a->ignore_eos, "Generate max-new-tokens even past end-of-sequence");
   sub.add_flag("--bandwidth", a->bandwidth, "Also measure copy bandwidth and the plain-decode bound");
+  sub.add_flag("--graph-probe", a->graph_probe,
+               "CUDA: time a decode step, a verification and a draft launched op by op against replayed from a CUDA graph");
   sub.add_option("--json", a->json_out, "Write the results as JSON");
   add_sampling_options(sub, a->sampling);
   return [a] { return run_bench(*a); };

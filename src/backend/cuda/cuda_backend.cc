@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -702,6 +703,71 @@ class CudaBackend final : public Backend {
     return out;
   }
 
+  // cuda::graph_probe (cuda_backend.h).
+ public:
+  GraphProbe probe_graph(const std::function<void()>& step, int reps) {
+    if (prof_)
+      throw Error("graph_probe: DFLASH_CUDA_PROFILE=1 times every op with events, which a graph capture cannot "
+                  "hold; probe without it");
+    GraphProbe r;
+    cudaEvent_t begin = nullptr, end = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    auto release = [&] {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      if (begin) cudaEventDestroy(begin);
+      if (end) cudaEventDestroy(end);
+    };
+    try {
+      check(cudaEventCreate(&begin), "graph_probe", "cudaEventCreate");
+      check(cudaEventCreate(&end), "graph_probe", "cudaEventCreate");
+      auto time_ms = [&](const std::function<void()>& one) {
+        one();  // warm-up
+        check(cudaEventRecord(begin, stream_), "graph_probe", "cudaEventRecord");
+        for (int i = 0; i < reps; ++i) one();
+        check(cudaEventRecord(end, stream_), "graph_probe", "cudaEventRecord");
+        check(cudaEventSynchronize(end), "graph_probe", "cudaEventSynchronize");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, begin, end), "graph_probe", "cudaEventElapsedTime");
+        return double(ms) / reps;
+      };
+      r.launched_ms = time_ms(step);
+      // Relaxed: the staging ring waits on its events and the pool may call cudaMalloc.
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "graph_probe", "cudaStreamBeginCapture");
+      try {
+        step();
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        restart_staging_events();
+        throw;
+      }
+      check(cudaStreamEndCapture(stream_, &graph), "graph_probe", "cudaStreamEndCapture");
+      // Events recorded while capturing belong to the graph: record the staging ring's afresh.
+      restart_staging_events();
+      check(cudaGraphGetNodes(graph, nullptr, &r.nodes), "graph_probe", "cudaGraphGetNodes");
+      check(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &r.edges), "graph_probe", "cudaGraphGetEdges");
+      std::vector<cudaGraphNode_t> from(r.edges), to(r.edges);
+      std::vector<cudaGraphEdgeData> data(r.edges);
+      size_t n = r.edges;
+      check(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n), "graph_probe", "cudaGraphGetEdges");
+      for (size_t i = 0; i < n; ++i) r.programmatic_edges += data[i].type == cudaGraphDependencyTypeProgrammatic;
+      check(cudaGraphInstantiate(&exec, graph, 0), "graph_probe", "cudaGraphInstantiate");
+      r.replayed_ms =
+          time_ms([&] { check(cudaGraphLaunch(exec, stream_), "graph_probe", "cudaGraphLaunch"); });
+    } catch (...) {
+      release();
+      throw;
+    }
+    release();
+    return r;
+  }
+
+  void restart_staging_events() {
+    for (auto e : staging_events_) check(cudaEventRecord(e, stream_), "graph_probe", "cudaEventRecord");
+  }
+
+ private:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
   static constexpr size_t kStagingSlots = 64, kStagingSlotBytes = 16 << 10;
 
@@ -786,6 +852,12 @@ std::string device_summary() {
                 p.multiProcessorCount, double(p.totalGlobalMem) / double(1 << 30), p.major, p.minor,
                 p.l2CacheSize >> 20, driver / 1000, (driver % 1000) / 10, runtime / 1000, (runtime % 1000) / 10);
   return buf;
+}
+
+GraphProbe graph_probe(Backend& backend, const std::function<void()>& step, int reps) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda) throw Error("graph_probe: the backend is " + backend.name() + ", not cuda");
+  return cuda->probe_graph(step, std::max(1, reps));
 }
 
 double copy_bandwidth(size_t bytes) {

@@ -5,6 +5,10 @@
 #include <functional>
 #include <string>
 
+namespace dflash {
+class Backend;
+}
+
 namespace dflash::cuda {
 
 // "NVIDIA H200, 132 SMs, 139.8 GiB, sm_90, driver 13.0" or "" when no GPU is visible.
@@ -43,5 +47,16 @@ struct SyncCosts {
   double stream_us = 0, pdl_us = 0, barrier_us = -1;
 };
 SyncCosts sync_costs(int steps, int blocks_per_sm);
+
+// What a CUDA graph would save on one step (dflash bench --graph-probe): the work `step`
+// queues on the backend, `reps` times launched op by op and `reps` times replayed from one
+// graph captured from a call of it; GPU milliseconds a step each way (event-timed, no host wait
+// between steps), with the graph's node, edge and programmatic (PDL) edge counts. `step` must
+// queue the same work at the same addresses every call and read nothing back.
+struct GraphProbe {
+  double launched_ms = 0, replayed_ms = 0;
+  size_t nodes = 0, edges = 0, programmatic_edges = 0;
+};
+GraphProbe graph_probe(Backend& backend, const std::function<void()>& step, int reps);
 
 }  // namespace dflash::cuda
