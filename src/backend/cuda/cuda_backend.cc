@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -733,16 +734,27 @@ class CudaBackend final : public Backend {
         return double(ms) / reps;
       };
       r.launched_ms = time_ms(step);
+      auto host_ms = [&](const std::function<void()>& what) {
+        check(cudaStreamSynchronize(stream_), "graph_probe", "cudaStreamSynchronize");
+        const auto t0 = std::chrono::steady_clock::now();
+        what();
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      };
+      r.host_enqueue_ms = host_ms(step);
       // Relaxed: the staging ring waits on its events and the pool may call cudaMalloc.
-      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "graph_probe", "cudaStreamBeginCapture");
-      try {
-        step();
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &graph);
-        restart_staging_events();
-        throw;
-      }
-      check(cudaStreamEndCapture(stream_, &graph), "graph_probe", "cudaStreamEndCapture");
+      auto capture = [&](cudaGraph_t& g) {
+        check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "graph_probe",
+              "cudaStreamBeginCapture");
+        try {
+          step();
+        } catch (...) {
+          cudaStreamEndCapture(stream_, &g);
+          restart_staging_events();
+          throw;
+        }
+        check(cudaStreamEndCapture(stream_, &g), "graph_probe", "cudaStreamEndCapture");
+      };
+      r.host_capture_ms = host_ms([&] { capture(graph); });
       // Events recorded while capturing belong to the graph: record the staging ring's afresh.
       restart_staging_events();
       check(cudaGraphGetNodes(graph, nullptr, &r.nodes), "graph_probe", "cudaGraphGetNodes");
@@ -752,7 +764,18 @@ class CudaBackend final : public Backend {
       size_t n = r.edges;
       check(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n), "graph_probe", "cudaGraphGetEdges");
       for (size_t i = 0; i < n; ++i) r.programmatic_edges += data[i].type == cudaGraphDependencyTypeProgrammatic;
-      check(cudaGraphInstantiate(&exec, graph, 0), "graph_probe", "cudaGraphInstantiate");
+      r.host_instantiate_ms =
+          host_ms([&] { check(cudaGraphInstantiate(&exec, graph, 0), "graph_probe", "cudaGraphInstantiate"); });
+      {
+        cudaGraph_t again = nullptr;
+        capture(again);
+        restart_staging_events();
+        cudaGraphExecUpdateResultInfo info{};
+        cudaError_t e = cudaSuccess;
+        r.host_update_ms = host_ms([&] { e = cudaGraphExecUpdate(exec, again, &info); });
+        cudaGraphDestroy(again);
+        check(e, "graph_probe", "cudaGraphExecUpdate");
+      }
       r.replayed_ms =
           time_ms([&] { check(cudaGraphLaunch(exec, stream_), "graph_probe", "cudaGraphLaunch"); });
     } catch (...) {

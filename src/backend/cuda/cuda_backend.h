@@ -53,8 +53,12 @@ SyncCosts sync_costs(int steps, int blocks_per_sm);
 // graph captured from a call of it; GPU milliseconds a step each way (event-timed, no host wait
 // between steps), with the graph's node, edge and programmatic (PDL) edge counts. `step` must
 // queue the same work at the same addresses every call and read nothing back.
+// Host milliseconds too (wall clock, the stream idle before each): queuing one step op by op,
+// capturing it, instantiating the capture, and updating the instantiated graph from a second
+// capture (how a graph would follow a step whose arguments change).
 struct GraphProbe {
   double launched_ms = 0, replayed_ms = 0;
+  double host_enqueue_ms = 0, host_capture_ms = 0, host_instantiate_ms = 0, host_update_ms = 0;
   size_t nodes = 0, edges = 0, programmatic_edges = 0;
 };
 GraphProbe graph_probe(Backend& backend, const std::function<void()>& step, int reps);
