@@ -16,6 +16,7 @@
 #include "model/dflash_drafter.h"
 #include "model/qwen3.h"
 #include "model/rope.h"
+#include "queued_steps.h"
 #include "test_util.h"
 #include "util/dtype.h"
 
@@ -295,6 +296,22 @@ TEST(CudaSpeculative, GreedyEqualsPlainOnTinyPairs) {
       }
       EXPECT_GT(multi, 0) << t << " block " << block << ": no draft was ever accepted";
     }
+  }
+}
+
+// The queued greedy loops launch each step as a CUDA graph captured afresh and updated into
+// the executable of the step before (Backend::queue_recorded), with the ids left on the
+// device; the host-driven loops launch op by op. The same tokens and steps on every tiny pair.
+TEST(CudaQueuedSteps, EqualHostDrivenSteps) {
+  REQUIRE_GPU(backend);
+  for (const auto& [t, d] : std::vector<std::pair<std::string, std::string>>{
+           {"qwen3-gqa1-tied-f32", "dflash-qwen3-gqa1-tied-f32"},
+           {"qwen3-gqa4-untied-f32", "dflash-qwen3-gqa4-untied-f32"},
+           {"qwen3-yarn-bf16", "dflash-qwen3-yarn-bf16"},
+           {"qwen3-vocab16-f32", "dflash-qwen3-vocab16-f32"}}) {
+    auto target = Qwen3Model::load(tiny(t), *backend);
+    auto drafter = DFlashDrafter::load(tiny(d), *target);
+    expect_queued_equals_host_driven(*target, *drafter, 8, 11);
   }
 }
 

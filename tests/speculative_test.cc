@@ -6,6 +6,7 @@
 
 #include "engine/acceptance.h"
 #include "engine/generation.h"
+#include "queued_steps.h"
 #include "test_util.h"
 
 using namespace dflash;
@@ -307,6 +308,15 @@ TEST(ForcedAcceptance, CommitsExactlyKTokensPerStep) {
     const auto res = engine.generate_speculative(req);
     EXPECT_EQ(res.stats.mean_acceptance_length(), double(k));
     EXPECT_EQ(res.stats.steps, 4);
+  }
+}
+}  // namespace
+
+namespace {
+TEST(QueuedSteps, EqualHostDrivenSteps) {
+  for (const auto& [t, d] : {kPairs[1], kPairs[3]}) {
+    Pair pair(t, d);
+    expect_queued_equals_host_driven(*pair.target, *pair.drafter, 12, 7);
   }
 }
 }  // namespace

@@ -1,6 +1,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 
@@ -74,6 +75,65 @@ void select_top_p(const float* row, int n, float inv_t, float top_p, CandidateRo
   }
   out.count = static_cast<int>(out.ids.size());
   out.row_mass = mass;
+}
+
+void Backend::argmax_rows_into(const Tensor& x, Tensor& ids) {
+  if (ids.device != DeviceKind::CPU || ids.dtype != DType::I32 || ids.rows != x.rows || ids.cols != 1)
+    throw Error(name() + " argmax_rows_into: ids must be host I32 [" + std::to_string(x.rows) + ", 1], got " +
+                ids.describe());
+  const std::vector<int32_t> v = argmax_rows(x);
+  for (int64_t r = 0; r < ids.rows; ++r) ids.ptr<int32_t>()[r * ids.ld] = v[size_t(r)];
+}
+
+namespace {
+std::vector<int32_t> host_ids(const Backend& b, const Tensor& ids, const char* op) {
+  if (ids.device != DeviceKind::CPU || ids.dtype != DType::I32 || ids.cols != 1)
+    throw Error(b.name() + " " + op + ": ids must be host I32 [rows, 1], got " + ids.describe());
+  std::vector<int32_t> v(size_t(ids.rows));
+  for (int64_t r = 0; r < ids.rows; ++r) v[size_t(r)] = ids.ptr<int32_t>()[r * ids.ld];
+  return v;
+}
+
+class ReadyIds final : public PendingIds {
+ public:
+  explicit ReadyIds(std::vector<int32_t> v) : v_(std::move(v)) {}
+  std::vector<int32_t> get() override { return v_; }
+
+ private:
+  std::vector<int32_t> v_;
+};
+}  // namespace
+
+void Backend::embed_rows(const Tensor& ids, const Tensor& table, Tensor& out) {
+  embed(host_ids(*this, ids, "embed_rows"), table, out);
+}
+
+std::unique_ptr<PendingIds> Backend::read_ids(const Tensor& ids) {
+  return std::make_unique<ReadyIds>(host_ids(*this, ids, "read_ids"));
+}
+
+void Backend::queue_recorded(const std::string&, const std::function<void()>& step) { step(); }
+
+void Backend::write_ids(const std::vector<int32_t>& v, Tensor& ids) {
+  if (ids.device != DeviceKind::CPU || ids.dtype != DType::I32 || ids.cols != 1 ||
+      ids.rows != static_cast<int64_t>(v.size()))
+    throw Error(name() + " write_ids: " + std::to_string(v.size()) + " ids into " + ids.describe());
+  for (int64_t r = 0; r < ids.rows; ++r) ids.ptr<int32_t>()[r * ids.ld] = v[size_t(r)];
+}
+
+namespace {
+struct HostClockMark final : QueueMark {
+  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
+};
+}  // namespace
+
+std::unique_ptr<QueueMark> Backend::mark() { return std::make_unique<HostClockMark>(); }
+
+double Backend::seconds_between(const QueueMark& from, const QueueMark& to) {
+  const auto* a = dynamic_cast<const HostClockMark*>(&from);
+  const auto* b = dynamic_cast<const HostClockMark*>(&to);
+  if (!a || !b) throw Error(name() + " seconds_between: marks from another backend");
+  return std::chrono::duration<double>(b->at - a->at).count();
 }
 
 namespace {

@@ -3,6 +3,7 @@
 // CPU implementation (backend/cpu) and the CUDA one (backend/cuda) supply the ops. Every op
 // works on 2-D views (see tensor.h); "per head" ops take the head size.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -78,6 +79,19 @@ struct RowDraw {
   RowLaw law;          // the row's law, which the draw computed first
 };
 
+// Token ids on their way back to the host (Backend::read_ids): get() waits for them.
+class PendingIds {
+ public:
+  virtual ~PendingIds() = default;
+  virtual std::vector<int32_t> get() = 0;
+};
+
+// A point in the order of queued work (Backend::mark).
+class QueueMark {
+ public:
+  virtual ~QueueMark() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -141,6 +155,28 @@ class Backend {
   virtual std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u);
   virtual int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,
                                    int64_t rq, const RowLaw& lq, float inv_t, double u);
+
+  // Steps queued ahead of the host (the engine's greedy loops): token ids stay where the
+  // backend keeps them between one pass's choice and the next pass's embedding, so the host can
+  // queue a step before it has read the result of the step ahead of it.
+  //
+  // ids (I32 [x.rows, 1], from alloc) ← each row's argmax, as argmax_rows, without waiting.
+  virtual void argmax_rows_into(const Tensor& x, Tensor& ids);
+  // embed() with ids (I32 [rows, 1]) where they are. The host cannot check ids it never sees:
+  // they must be rows of the table (argmax_rows_into over logits of the table's vocabulary).
+  virtual void embed_rows(const Tensor& ids, const Tensor& table, Tensor& out);
+  // Starts bringing ids (I32 [rows, 1]) back, as they will be once the ops queued so far ran.
+  virtual std::unique_ptr<PendingIds> read_ids(const Tensor& ids);
+  // Queues ids ← v (I32 [v.size(), 1]).
+  virtual void write_ids(const std::vector<int32_t>& v, Tensor& ids);
+  // Timing queued work without waiting between its parts: the seconds between two marks,
+  // as the device ran it (waits until `to` is reached). The default: the host clock at mark().
+  virtual std::unique_ptr<QueueMark> mark();
+  virtual double seconds_between(const QueueMark& from, const QueueMark& to);
+  // Queues the ops step() queues. A backend may record them and launch the recording as one
+  // unit (CUDA: a graph, kept per key and updated from each new recording, so a key should
+  // name steps of one shape). step() must not read results back. The default runs it.
+  virtual void queue_recorded(const std::string& key, const std::function<void()>& step);
 
   // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend
   // overrides one where a single kernel saves launches and passes over memory. An override

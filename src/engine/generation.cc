@@ -1,6 +1,8 @@
 #include "engine/generation.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "engine/logit_rows.h"
 #include "engine/output_sink.h"
@@ -24,6 +26,7 @@ Engine::Engine(Qwen3Model& target, DFlashDrafter* drafter, EngineOptions options
   if (drafter && (block_size_ < 2 || block_size_ > 32))
     throw Error("--block-size must be between 2 and 32, got " + std::to_string(block_size_));
   draft_block_ = drafter ? std::max(block_size_, drafter->config().block_size) : 1;
+  if (const char* e = std::getenv("DFLASH_QUEUE_AHEAD"); e && std::string(e) == "0") options_.queue_ahead = false;
 }
 
 void Engine::check_request(const GenerationRequest& r) const {
@@ -45,6 +48,7 @@ GenerationResult Engine::generate(const GenerationRequest& r) {
 
 GenerationResult Engine::generate_plain(const GenerationRequest& r) {
   check_request(r);
+  if (options_.queue_ahead && r.sampling.argmax_only()) return generate_plain_queued(r);
   GenerationResult result;
   OutputSink out(r, result);
   GenerationStats& st = result.stats;
@@ -76,6 +80,52 @@ GenerationResult Engine::generate_plain(const GenerationRequest& r) {
     st.plain_seconds += step.seconds();
     out.commit(token);
   }
+  st.generated_tokens = static_cast<int64_t>(result.tokens.size());
+  st.total_seconds = total.seconds();
+  return result;
+}
+
+// Greedy plain decoding one step ahead of the host: step n + 1 embeds the id step n's argmax
+// left on the device, so it is queued before the host reads step n's token. When the request
+// ends, the step queued past its end is drained and dropped (its row is past what the output
+// holds; the state goes with the request).
+GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
+  GenerationResult result;
+  OutputSink out(r, result);
+  GenerationStats& st = result.stats;
+  st.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  const int64_t capacity = std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens);
+  Backend& b = target_.backend();
+
+  Stopwatch total;
+  SequenceState state = target_.new_sequence(capacity);
+  Tensor next = b.alloc(1, 1, DType::I32);  // the id the next step embeds
+  b.argmax_rows_into(target_.forward(state, r.prompt, false).logits, next);
+  int32_t token = b.read_ids(next)->get()[0];
+  st.prefill_seconds = total.seconds();
+  out.commit(token);
+  auto queue_step = [&] {
+    b.queue_recorded("decode", [&] { b.argmax_rows_into(target_.forward(state, next, false).logits, next); });
+    return b.read_ids(next);
+  };
+  std::unique_ptr<PendingIds> current, ahead;
+  while (!out.done()) {
+    Stopwatch step;
+    if (!current) {
+      if (state.length() >= capacity) {
+        out.context_exhausted();
+        break;
+      }
+      current = queue_step();
+    }
+    if (state.length() < capacity) ahead = queue_step();
+    token = current->get()[0];
+    ++st.plain_steps;
+    st.plain_seconds += step.seconds();
+    out.commit(token);
+    current = std::move(ahead);
+  }
+  if (current) current->get();  // the step queued past the end: let it finish before its state goes
   st.generated_tokens = static_cast<int64_t>(result.tokens.size());
   st.total_seconds = total.seconds();
   return result;

@@ -46,6 +46,12 @@ struct EngineOptions {
   // the target says, to time steps at a chosen acceptance length with random weights. The
   // output is NOT the target's; 0 = off.
   int forced_acceptance = 0;
+  // Greedy decoding without penalties queues each step before the host has read the step
+  // ahead of it: the chosen ids stay on the device between passes, and a backend that records
+  // steps (CUDA graphs) launches each as one unit. false: the host reads every step's choice
+  // before queuing the next (what other sampling does; the same tokens). DFLASH_QUEUE_AHEAD=0
+  // sets it false (measuring).
+  bool queue_ahead = true;
 };
 
 class Engine {
@@ -66,6 +72,7 @@ class Engine {
 
  private:
   void check_request(const GenerationRequest& r) const;
+  GenerationResult generate_plain_queued(const GenerationRequest& request);
   Qwen3Model& target_;
   DFlashDrafter* drafter_;
   EngineOptions options_;

@@ -21,6 +21,8 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   st.prompt_tokens = static_cast<int64_t>(r.prompt.size());
   const SamplingParams& sp = r.sampling;
   const bool greedy = sp.greedy();
+  // Greedy without penalties needs only ids: they stay on the device between the passes.
+  const bool ids_on_device = options_.queue_ahead && sp.argmax_only();
   const int vocab = target_.config().vocab_size;
   const std::vector<int>& feature_layers = drafter_->config().target_layer_ids;
   // Room for a whole block past max_new_tokens: the last steps draft full blocks, as the
@@ -78,27 +80,51 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       continue;
     }
 
-    // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
-    Stopwatch draft_time;
-    Tensor dl = drafter_->draft(drafter_state, anchor, draft_block_, B);
     std::vector<int32_t> block(B);
     block[0] = anchor;
-    q.resize(B);
-    draft_rows.read(dl);
-    // d_i from row i − 1, in order (a sampled d_i is a draw from q_i); one call for the block
-    // where the rows stay on the device.
-    draft_rows.choose_rows(block.data() + 1, B - 1, [&](int row) { return history(block.data() + 1, row); }, rng);
-    if (!greedy)
-      for (int i = 1; i < B; ++i) q[i] = &draft_rows.law(i - 1, history(block.data() + 1, i - 1));
-    const double draft_seconds = draft_time.seconds();
+    ForwardOutput v;
+    double draft_seconds = 0;
+    Stopwatch step_time;
+    std::vector<int32_t> choices;  // ids_on_device: the target's choice for each row of the block
+    if (ids_on_device) {
+      // Sections 4 and 5 with the ids left on the device: the drafter's argmax becomes the
+      // target's input there, the verification is queued while the draft runs, and one read
+      // brings back the block and the target's choice for each of its rows.
+      Tensor ids = b.alloc(2 * B, 1, DType::I32);
+      Tensor block_ids = ids.slice_rows(0, B), choice_ids = ids.slice_rows(B, B);
+      Tensor anchor_id = block_ids.slice_rows(0, 1), draft_ids = block_ids.slice_rows(1, B - 1);
+      const auto draft_start = b.mark();
+      b.write_ids({anchor}, anchor_id);
+      b.argmax_rows_into(drafter_->draft(drafter_state, anchor, draft_block_, B), draft_ids);
+      const auto drafted = b.mark();
+      b.queue_recorded("verify " + std::to_string(B), [&] {
+        v = target_.forward(target_state, block_ids, true, feature_layers);
+        b.argmax_rows_into(v.logits, choice_ids);
+      });
+      const std::vector<int32_t> read = b.read_ids(ids)->get();
+      std::copy(read.begin(), read.begin() + B, block.begin());
+      choices.assign(read.begin() + B, read.end());
+      draft_seconds = b.seconds_between(*draft_start, *drafted);
+    } else {
+      // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
+      Tensor dl = drafter_->draft(drafter_state, anchor, draft_block_, B);
+      q.resize(B);
+      draft_rows.read(dl);
+      // d_i from row i − 1, in order (a sampled d_i is a draw from q_i); one call for the
+      // block where the rows stay on the device.
+      draft_rows.choose_rows(block.data() + 1, B - 1, [&](int row) { return history(block.data() + 1, row); }, rng);
+      if (!greedy)
+        for (int i = 1; i < B; ++i) q[i] = &draft_rows.law(i - 1, history(block.data() + 1, i - 1));
+      draft_seconds = step_time.seconds();
 
-    // Section 5: the target runs the block causally; row i − 1 predicts position s + i.
-    Stopwatch verify_time;
-    ForwardOutput v = target_.forward(target_state, block, true, feature_layers);
-    target_rows.read(v.logits);
-    if (!greedy) target_rows.look_up(block.data() + 1, B - 1);  // every p(d_i) in one trip
+      // Section 5: the target runs the block causally; row i − 1 predicts position s + i.
+      v = target_.forward(target_state, block, true, feature_layers);
+      target_rows.read(v.logits);
+      if (!greedy) target_rows.look_up(block.data() + 1, B - 1);  // every p(d_i) in one trip
+    }
     // Greedy acceptance against the target's choice of row i − 1, however it was computed.
     auto target_choice = [&](int row_index) {
+      if (ids_on_device) return choices[size_t(row_index)];
       return target_rows.choose(row_index, history(block.data() + 1, row_index), rng);
     };
     int accepted = 0;  // a: the longest accepted prefix of d1 … d(B−1)
@@ -121,7 +147,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     }
     if (options_.forced_acceptance > 0) {  // benchmark mode: see EngineOptions
       accepted = std::min(options_.forced_acceptance - 1, B - 1);
-      next_anchor = target_rows.argmax(accepted);
+      next_anchor = ids_on_device ? choices[size_t(accepted)] : target_rows.argmax(accepted);
     } else if (accepted == B - 1) {  // every draft accepted: the last row gives the anchor
       next_anchor = target_choice(B - 1);
     }
@@ -130,7 +156,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     // the committed rows' features become the drafter's next context rows.
     target_state.truncate(s + accepted + 1);
     drafter_->add_context(drafter_state, v.features.slice_rows(0, accepted + 1));
-    const double verify_seconds = verify_time.seconds();
+    const double verify_seconds = step_time.seconds() - draft_seconds;
     st.draft_seconds += draft_seconds;
     st.verify_seconds += verify_seconds;
     st.record_step(B, accepted + 1);

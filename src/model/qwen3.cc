@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 
 #include "io/checkpoint.h"
 #include "util/error.h"
@@ -136,9 +137,22 @@ void Qwen3Model::project_to_vocab(const NormedRows& normed_hidden, Tensor& logit
 
 ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_t>& tokens,
                                   bool all_logits, const std::vector<int>& feature_layers) {
+  return forward_embedded(state, static_cast<int64_t>(tokens.size()), all_logits, feature_layers,
+                          [&](Tensor& x) { backend_.embed(tokens, embed_, x); });
+}
+
+ForwardOutput Qwen3Model::forward(SequenceState& state, const Tensor& token_ids, bool all_logits,
+                                  const std::vector<int>& feature_layers) {
+  return forward_embedded(state, token_ids.rows, all_logits, feature_layers,
+                          [&](Tensor& x) { backend_.embed_rows(token_ids, embed_, x); });
+}
+
+ForwardOutput Qwen3Model::forward_embedded(SequenceState& state, int64_t T, bool all_logits,
+                                           const std::vector<int>& feature_layers,
+                                           const std::function<void(Tensor& x)>& embed) {
   Backend& b = backend_;
   const Qwen3Config& c = config_;
-  const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size;
+  const int64_t H = c.hidden_size;
   const int64_t pos0 = state.length();
   if (T == 0) throw Error("forward: no tokens");
   if (pos0 + T > state.capacity())
@@ -156,7 +170,7 @@ ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_
   // The residual stream stays f32 on every backend: each layer adds two products into it, and
   // rounding it to bf16 after every add is most of a bf16 engine's distance from f32.
   Tensor x = b.alloc(T, H, DType::F32);
-  b.embed(tokens, embed_, x);
+  embed(x);
   DecoderScratch scratch = make_decoder_scratch(b, c, T);
 
   ForwardOutput out;

@@ -2,6 +2,7 @@
 // The Qwen3 dense target: plain data (weights, config) plus a forward function over a
 // sequence's state. It can hand back the residual stream after chosen layers (the DFlash
 // context features) from the same pass that produces the logits.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ class Qwen3Model {
   // `feature_layers` (0-based), concatenated per row in that order.
   ForwardOutput forward(SequenceState& state, const std::vector<int32_t>& tokens, bool all_logits,
                         const std::vector<int>& feature_layers = {});
+  // The same with the tokens where the backend keeps them (I32 [T, 1], Backend::embed_rows):
+  // a step queued before the host has read the tokens it runs.
+  ForwardOutput forward(SequenceState& state, const Tensor& token_ids, bool all_logits,
+                        const std::vector<int>& feature_layers = {});
 
   // Weight bytes one decode step streams: every layer and the LM head (the embedding is only
   // gathered). The memory-bandwidth bound of plain decoding is bandwidth / this.
@@ -68,6 +73,8 @@ class Qwen3Model {
 
  private:
   Qwen3Model(Backend& b) : backend_(b) {}
+  ForwardOutput forward_embedded(SequenceState& state, int64_t T, bool all_logits,
+                                 const std::vector<int>& feature_layers, const std::function<void(Tensor& x)>& embed);
   Backend& backend_;
   std::string dir_;
   Qwen3Config config_;

@@ -57,6 +57,23 @@ std::string kv_bucket(int64_t kv_len) {
   return "kv<=" + std::to_string(b);
 }
 
+// Token ids on the device: I32 [rows, 1], contiguous.
+void expect_ids(const Tensor& ids, int64_t rows, const char* op) {
+  expect(ids, DType::I32, op, "ids");
+  if (ids.rows != rows || ids.cols != 1 || ids.ld != 1)
+    throw Error(std::string("cuda ") + op + ": ids must be I32 [" + std::to_string(rows) + ", 1], got " +
+                ids.describe());
+}
+
+// DFLASH_CUDA_GRAPHS=0 launches recorded steps op by op (measuring).
+bool graphs_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("DFLASH_CUDA_GRAPHS");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 void expect_same_shape(const Tensor& a, const Tensor& b, const char* op) {
   if (a.rows != b.rows || a.cols != b.cols)
     throw Error(std::string("cuda ") + op + ": shapes differ: " + a.describe() + " and " + b.describe());
@@ -91,14 +108,25 @@ class CudaBackend final : public Backend {
       check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
       check(cudaEventRecord(e, stream_), "init", "cudaEventRecord");  // "free" from the start
     }
+    check(cudaHostAlloc(&read_slots_, kReadSlots * kReadSlotIds * sizeof(int32_t), cudaHostAllocDefault), "init",
+          "allocating pinned read slots");
+    for (auto& e : read_events_)
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
+    check(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking), "init", "cudaStreamCreate");
     prof_ = OpProfiler::from_env(stream_);
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     prof_.reset();  // prints the profile, if one was asked for
+    for (auto& [key, r] : recorded_)
+      for (auto e : r.exec)
+        if (e) cudaGraphExecDestroy(e);
     for (auto e : staging_events_) cudaEventDestroy(e);
+    for (auto e : read_events_) cudaEventDestroy(e);
     cudaFreeHost(staging_);
+    cudaFreeHost(read_slots_);
+    cudaStreamDestroy(upload_stream_);
     if (readback_) cudaFreeHost(readback_);
     rope_.clear();
     workspace_.reset();
@@ -640,6 +668,97 @@ class CudaBackend final : public Backend {
     return out;
   }
 
+  void argmax_rows_into(const Tensor& x, Tensor& ids) override {
+    expect(x, DType::F32, "argmax_rows_into", "x");
+    expect_ids(ids, x.rows, "argmax_rows_into");
+    if (x.rows == 0) return;
+    auto part = pool_->allocate(cuda::argmax_scratch_bytes(x.rows, x.cols), "argmax_rows_into");
+    OpTimer timer(prof_.get(), "argmax", [&] { return dims(x.rows, x.cols); });
+    cuda::argmax_rows(x.ptr<float>(), x.ld, x.rows, x.cols, ids.ptr<int32_t>(), part.get(), stream_);
+  }
+
+  void embed_rows(const Tensor& ids, const Tensor& table, Tensor& out) override {
+    expect_device(table, "embed_rows", "table");
+    expect_device(out, "embed_rows", "out");
+    expect_ids(ids, out.rows, "embed_rows");
+    if (out.cols != table.cols)
+      throw Error("cuda embed_rows: rows of " + table.describe() + " into " + out.describe());
+    if (ids.rows == 0) return;
+    OpTimer timer(prof_.get(), "embed", [&] { return dims(ids.rows, table.cols); });
+    cuda::embed(ids.ptr<int32_t>(), ids.rows, table.data, table.ld, elem_of(table, "embed_rows"), table.cols,
+                out.data, out.ld, elem_of(out, "embed_rows"), stream_);
+  }
+
+  std::unique_ptr<PendingIds> read_ids(const Tensor& ids) override;
+
+  void write_ids(const std::vector<int32_t>& v, Tensor& ids) override {
+    expect_ids(ids, static_cast<int64_t>(v.size()), "write_ids");
+    if (!v.empty()) stage_ints(v, ids.data, "write_ids");
+  }
+
+  // A timing event, recorded on the stream.
+  struct EventMark final : QueueMark {
+    cudaEvent_t e = nullptr;
+    ~EventMark() override {
+      if (e) cudaEventDestroy(e);
+    }
+  };
+  std::unique_ptr<QueueMark> mark() override {
+    auto m = std::make_unique<EventMark>();
+    check(cudaEventCreate(&m->e), "mark", "cudaEventCreate");
+    check(cudaEventRecord(m->e, stream_), "mark", "cudaEventRecord");
+    return m;
+  }
+  double seconds_between(const QueueMark& from, const QueueMark& to) override {
+    const auto* a = dynamic_cast<const EventMark*>(&from);
+    const auto* b = dynamic_cast<const EventMark*>(&to);
+    if (!a || !b) throw Error("cuda seconds_between: marks from another backend");
+    check(cudaEventSynchronize(b->e), "seconds_between", "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, a->e, b->e), "seconds_between", "cudaEventElapsedTime");
+    return 1e-3 * double(ms);
+  }
+
+  // A graph per key, captured from each call and launched; the executable graph is updated
+  // from the new capture (cheaper than instantiating: dflash bench --graph-probe) and
+  // instantiated again only when the capture's shape differs. Two executables a key, used in
+  // turn, so the one updated is not the one the previous call launched. Under the profiler (its
+  // events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops launch one by one.
+  void queue_recorded(const std::string& key, const std::function<void()>& step) override {
+    if (prof_ || !graphs_enabled()) {
+      step();
+      return;
+    }
+    const size_t first_slot = next_slot_;
+    cudaGraph_t graph = nullptr;
+    // Relaxed: the staging ring waits on its events and the pool may call cudaMalloc.
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "queue_recorded", "cudaStreamBeginCapture");
+    try {
+      step();
+    } catch (...) {
+      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+      restart_staging_events(first_slot);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream_, &graph), "queue_recorded", ("capturing '" + key + "'").c_str());
+    std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> owned(graph, cudaGraphDestroy);
+    RecordedStep& r = recorded_[key];
+    cudaGraphExec_t& exec = r.exec[r.next];
+    r.next ^= 1;
+    if (exec) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
+        cudaGetLastError();  // not sticky; the shape changed, so instantiate afresh
+        cudaGraphExecDestroy(exec);
+        exec = nullptr;
+      }
+    }
+    if (!exec) check(cudaGraphInstantiate(&exec, graph, 0), "queue_recorded", ("instantiating '" + key + "'").c_str());
+    check(cudaGraphLaunch(exec, stream_), "queue_recorded", ("launching '" + key + "'").c_str());
+    // A staging slot the capture filled is read when the graph runs: free it after the launch.
+    restart_staging_events(first_slot);
+  }
+
  private:
   // Queues the scaled logits at the flattened (row, id) pairs into dev_out. The pairs' device
   // copy may go back to the pool on return: its next user is queued behind this kernel, and a
@@ -742,21 +861,22 @@ class CudaBackend final : public Backend {
       };
       r.host_enqueue_ms = host_ms(step);
       // Relaxed: the staging ring waits on its events and the pool may call cudaMalloc.
+      size_t first_slot = next_slot_;
       auto capture = [&](cudaGraph_t& g) {
+        first_slot = next_slot_;
         check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "graph_probe",
               "cudaStreamBeginCapture");
         try {
           step();
         } catch (...) {
           cudaStreamEndCapture(stream_, &g);
-          restart_staging_events();
+          restart_staging_events(first_slot);
           throw;
         }
         check(cudaStreamEndCapture(stream_, &g), "graph_probe", "cudaStreamEndCapture");
       };
       r.host_capture_ms = host_ms([&] { capture(graph); });
-      // Events recorded while capturing belong to the graph: record the staging ring's afresh.
-      restart_staging_events();
+      restart_staging_events(first_slot);
       check(cudaGraphGetNodes(graph, nullptr, &r.nodes), "graph_probe", "cudaGraphGetNodes");
       check(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &r.edges), "graph_probe", "cudaGraphGetEdges");
       std::vector<cudaGraphNode_t> from(r.edges), to(r.edges);
@@ -769,7 +889,7 @@ class CudaBackend final : public Backend {
       {
         cudaGraph_t again = nullptr;
         capture(again);
-        restart_staging_events();
+        restart_staging_events(first_slot);
         cudaGraphExecUpdateResultInfo info{};
         cudaError_t e = cudaSuccess;
         r.host_update_ms = host_ms([&] { e = cudaGraphExecUpdate(exec, again, &info); });
@@ -786,8 +906,13 @@ class CudaBackend final : public Backend {
     return r;
   }
 
-  void restart_staging_events() {
-    for (auto e : staging_events_) check(cudaEventRecord(e, stream_), "graph_probe", "cudaEventRecord");
+  // Events recorded while capturing belong to the capture: the staging slots taken since
+  // `first_slot` get theirs again on the stream (all of them if the ring went round).
+  void restart_staging_events(size_t first_slot) {
+    const size_t n = std::min(next_slot_ - first_slot, kStagingSlots);
+    for (size_t i = 0; i < n; ++i)
+      check(cudaEventRecord(staging_events_[(first_slot + i) % kStagingSlots], stream_), "capture",
+            "recording a staging event");
   }
 
  private:
@@ -799,21 +924,23 @@ class CudaBackend final : public Backend {
   // only after the copy that last read it has run (its event), which with kStagingSlots slots
   // is long done. Larger arrays (a long prompt's ids) take the pageable path.
   std::shared_ptr<void> upload_ints(const std::vector<int32_t>& v, const char* op) {
+    auto dev = pool_->allocate(v.size() * sizeof(int32_t), op);
+    stage_ints(v, dev.get(), op);
+    return dev;
+  }
+  void stage_ints(const std::vector<int32_t>& v, void* dev, const char* op) {
     const size_t bytes = v.size() * sizeof(int32_t);
-    auto dev = pool_->allocate(bytes, op);
     if (bytes > kStagingSlotBytes) {
-      check(cudaMemcpyAsync(dev.get(), v.data(), bytes, cudaMemcpyHostToDevice, stream_), op,
+      check(cudaMemcpyAsync(dev, v.data(), bytes, cudaMemcpyHostToDevice, stream_), op,
             "host to device copy of indices");
-      return dev;
+      return;
     }
     const size_t slot = next_slot_++ % kStagingSlots;
     check(cudaEventSynchronize(staging_events_[slot]), op, "waiting for a staging slot");
     char* host = static_cast<char*>(staging_) + slot * kStagingSlotBytes;
     std::memcpy(host, v.data(), bytes);
-    check(cudaMemcpyAsync(dev.get(), host, bytes, cudaMemcpyHostToDevice, stream_), op,
-          "host to device copy of indices");
+    check(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_), op, "host to device copy of indices");
     check(cudaEventRecord(staging_events_[slot], stream_), op, "recording a staging event");
-    return dev;
   }
 
   // The table's cos/sin on the device, uploaded again only when the table has grown (it
@@ -824,13 +951,18 @@ class CudaBackend final : public Backend {
                       e.inv_freq == table.inv_freq() && e.size >= table.size();
     if (same) return e;
     const size_t n = size_t(table.size()) * size_t(table.head_dim() / 2);
-    e.cos = pool_->allocate(n * sizeof(float), "rope");
-    e.sin = pool_->allocate(n * sizeof(float), "rope");
+    e.cos = pool_->allocate_fresh(n * sizeof(float), "rope");
+    e.sin = pool_->allocate_fresh(n * sizeof(float), "rope");
     if (n) {
-      check(cudaMemcpyAsync(e.cos.get(), table.cos(0), n * sizeof(float), cudaMemcpyHostToDevice, stream_), "rope",
-            "uploading the cos table");
-      check(cudaMemcpyAsync(e.sin.get(), table.sin(0), n * sizeof(float), cudaMemcpyHostToDevice, stream_), "rope",
-            "uploading the sin table");
+      // On a stream of its own, waited for here: the compute stream may be capturing a graph
+      // (queue_recorded), which cannot hold a copy from pageable memory. The new blocks come
+      // fresh from the driver, so no queued kernel uses them; the old ones go back to the pool,
+      // whose next user is queued behind the kernels that still read them.
+      check(cudaMemcpyAsync(e.cos.get(), table.cos(0), n * sizeof(float), cudaMemcpyHostToDevice, upload_stream_),
+            "rope", "uploading the cos table");
+      check(cudaMemcpyAsync(e.sin.get(), table.sin(0), n * sizeof(float), cudaMemcpyHostToDevice, upload_stream_),
+            "rope", "uploading the sin table");
+      check(cudaStreamSynchronize(upload_stream_), "rope", "waiting for the table upload");
     }
     e.size = table.size();
     e.head_dim = table.head_dim();
@@ -850,7 +982,54 @@ class CudaBackend final : public Backend {
   size_t next_slot_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
+  struct RecordedStep {
+    cudaGraphExec_t exec[2] = {nullptr, nullptr};
+    int next = 0;
+  };
+  std::map<std::string, RecordedStep> recorded_;  // queue_recorded's graphs, by key
+  // read_ids: pinned slots of kReadSlotIds ids, each with the event of its copy; in_use while
+  // a PendingIds holds it.
+  static constexpr size_t kReadSlots = 8, kReadSlotIds = 256;
+  int32_t* read_slots_ = nullptr;
+  cudaEvent_t read_events_[kReadSlots] = {};
+  bool read_in_use_[kReadSlots] = {};
+  cudaStream_t upload_stream_ = nullptr;  // RoPE tables: off the compute stream, which may be capturing
+  friend class CudaPendingIds;
 };
+
+// Ids copied into a pinned slot; get() waits for the copy's event.
+class CudaPendingIds final : public PendingIds {
+ public:
+  CudaPendingIds(CudaBackend& b, size_t slot, size_t n) : b_(b), slot_(slot), n_(n) {}
+  ~CudaPendingIds() override { b_.read_in_use_[slot_] = false; }
+  std::vector<int32_t> get() override {
+    check(cudaEventSynchronize(b_.read_events_[slot_]), "read_ids", "waiting for the ids");
+    const int32_t* p = b_.read_slots_ + slot_ * CudaBackend::kReadSlotIds;
+    return std::vector<int32_t>(p, p + n_);
+  }
+
+ private:
+  CudaBackend& b_;
+  size_t slot_, n_;
+};
+
+std::unique_ptr<PendingIds> CudaBackend::read_ids(const Tensor& ids) {
+  expect_ids(ids, ids.rows, "read_ids");
+  const size_t n = size_t(ids.rows);
+  size_t slot = 0;
+  while (slot < kReadSlots && read_in_use_[slot]) ++slot;
+  if (slot == kReadSlots || n > kReadSlotIds)
+    throw Error("cuda read_ids: " + std::to_string(n) + " ids with " +
+                std::to_string(std::count(read_in_use_, read_in_use_ + kReadSlots, true)) + " of " +
+                std::to_string(kReadSlots) + " read slots held (at most " + std::to_string(kReadSlotIds) +
+                " ids a slot)");
+  int32_t* host = read_slots_ + slot * kReadSlotIds;
+  if (n) check(cudaMemcpyAsync(host, ids.data, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "read_ids",
+               "device to host copy");
+  check(cudaEventRecord(read_events_[slot], stream_), "read_ids", "cudaEventRecord");
+  read_in_use_[slot] = true;
+  return std::make_unique<CudaPendingIds>(*this, slot, n);
+}
 
 int visible_devices() {
   int n = 0;

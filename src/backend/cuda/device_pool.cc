@@ -41,15 +41,28 @@ std::shared_ptr<void> DevicePool::allocate(size_t bytes, const char* op) {
       cached_ -= got;
     }
   }
-  if (!p) {
-    cudaError_t e = cudaMalloc(&p, size);
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear it: the retry decides
-      release_cached();
-      e = cudaMalloc(&p, size);
-    }
-    check(e, op, ("allocating " + std::to_string(size) + " bytes of device memory").c_str());
+  if (!p) p = malloc_block(size, op);
+  return take(p, got);
+}
+
+std::shared_ptr<void> DevicePool::allocate_fresh(size_t bytes, const char* op) {
+  const size_t size = round_size(bytes);
+  return take(malloc_block(size, op), size);
+}
+
+void* DevicePool::malloc_block(size_t size, const char* op) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, size);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear it: the retry decides
+    release_cached();
+    e = cudaMalloc(&p, size);
   }
+  check(e, op, ("allocating " + std::to_string(size) + " bytes of device memory").c_str());
+  return p;
+}
+
+std::shared_ptr<void> DevicePool::take(void* p, size_t got) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     live_ += got;

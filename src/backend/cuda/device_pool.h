@@ -17,6 +17,9 @@ class DevicePool : public std::enable_shared_from_this<DevicePool> {
   // A block of at least `bytes`, 256-byte aligned, owned by the returned pointer: dropping the
   // last reference puts it back in the pool (which the deleter keeps alive).
   std::shared_ptr<void> allocate(size_t bytes, const char* op);
+  // A block no queued kernel can be using (new from the driver), for a write that is not
+  // ordered on the stream (the RoPE tables' upload); it joins the pool when dropped.
+  std::shared_ptr<void> allocate_fresh(size_t bytes, const char* op);
   // Gives every cached block back to the driver (used when cudaMalloc fails).
   void release_cached();
 
@@ -26,6 +29,8 @@ class DevicePool : public std::enable_shared_from_this<DevicePool> {
 
  private:
   void put(void* p, size_t bytes);
+  std::shared_ptr<void> take(void* p, size_t bytes);
+  void* malloc_block(size_t size, const char* op);
 
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
