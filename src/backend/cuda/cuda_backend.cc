@@ -74,14 +74,6 @@ bool graphs_enabled() {
   return on;
 }
 
-bool graph_upload_first() {
-  static const bool on = [] {
-    const char* e = std::getenv("DFLASH_CUDA_GRAPH_UPLOAD");
-    return e && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-
 void expect_same_shape(const Tensor& a, const Tensor& b, const char* op) {
   if (a.rows != b.rows || a.cols != b.cols)
     throw Error(std::string("cuda ") + op + ": shapes differ: " + a.describe() + " and " + b.describe());
@@ -762,10 +754,6 @@ class CudaBackend final : public Backend {
       }
     }
     if (!exec) check(cudaGraphInstantiate(&exec, graph, 0), "queue_recorded", ("instantiating '" + key + "'").c_str());
-    // DFLASH_CUDA_GRAPH_UPLOAD=1 (measuring): move the updated graph to the device on the side
-    // stream first, in case the launch would otherwise do it on the compute stream.
-    if (graph_upload_first())
-      check(cudaGraphUpload(exec, upload_stream_), "queue_recorded", ("uploading '" + key + "'").c_str());
     check(cudaGraphLaunch(exec, stream_), "queue_recorded", ("launching '" + key + "'").c_str());
     // A staging slot the capture filled is read when the graph runs: free it after the launch.
     restart_staging_events(first_slot);
