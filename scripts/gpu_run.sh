@@ -133,11 +133,16 @@ fi
 if has pycode; then
   step "shipped pair (models/qwen3-pycode-15m + dflash), held-out prompts, CUDA"
   if [[ -f models/qwen3-pycode-15m/config.json ]]; then
-    for mode in --no-adaptive ""; do  # block 16 fixed, then as the controller chooses
-      echo "--- ${mode:-adaptive}" | tee -a "$OUT/bench_pycode.txt"
-      timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
-        --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 $mode 2>&1 \
-        | grep -vE "^line " | tee -a "$OUT/bench_pycode.txt"
+    # PYCODE_AB ("|"-separated settings, as AB below) runs the pair again under each.
+    IFS='|' read -ra pycode_settings <<<"${PYCODE_AB:-}"
+    for setting in "" "${pycode_settings[@]}"; do
+      setting_words "$setting"
+      for mode in --no-adaptive ""; do  # block 16 fixed, then as the controller chooses
+        echo "--- ${mode:-adaptive} ${setting:-default}" | tee -a "$OUT/bench_pycode.txt"
+        env "${words[@]}" timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
+          --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 $mode 2>&1 \
+          | grep -vE "^line " | tee -a "$OUT/bench_pycode.txt"
+      done
     done
   fi
 fi
