@@ -175,7 +175,9 @@ class Backend {
   virtual double seconds_between(const QueueMark& from, const QueueMark& to);
   // Queues the ops step() queues. A backend may record them and launch the recording as one
   // unit (CUDA: a graph, kept per key and updated from each new recording, so a key should
-  // name steps of one shape). step() must not read results back. The default runs it.
+  // name steps of one shape). step() must not read results back. The default runs it. A
+  // recording starts to run only once it is complete, so it pays where the device is busy with
+  // earlier work while the host records (the caller knows whether it is).
   virtual void queue_recorded(const std::string& key, const std::function<void()>& step);
 
   // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend

@@ -119,11 +119,9 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     prof_.reset();  // prints the profile, if one was asked for
-    for (auto& [key, r] : recorded_) {
+    for (auto& [key, r] : recorded_)
       for (auto e : r.exec)
         if (e) cudaGraphExecDestroy(e);
-      if (r.queued) cudaEventDestroy(r.queued);
-    }
     for (auto e : staging_events_) cudaEventDestroy(e);
     for (auto e : read_events_) cudaEventDestroy(e);
     cudaFreeHost(staging_);
@@ -726,21 +724,11 @@ class CudaBackend final : public Backend {
   // instantiated again only when the capture's shape differs. Two executables a key, used in
   // turn, so the one updated is not the one the previous call launched. Under the profiler (its
   // events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops launch one by one.
-  //
-  // A graph runs only once the whole step is captured, while ops launched one by one start as
-  // the first is queued. That pays when the device is still busy with earlier work when the
-  // graph is ready; on a small model whose step is queued right behind a short one (the
-  // verification after a tiny drafter's pass) the device waits for the capture instead. So a
-  // key whose graph was late kLateLimit times in a row (the work queued before it had run out)
-  // launches op by op from then on.
   void queue_recorded(const std::string& key, const std::function<void()>& step) override {
-    RecordedStep& r = recorded_[key];
-    if (prof_ || !graphs_enabled() || r.late >= kLateLimit) {
+    if (prof_ || !graphs_enabled()) {
       step();
       return;
     }
-    if (!r.queued) check(cudaEventCreateWithFlags(&r.queued, cudaEventDisableTiming), "queue_recorded", "cudaEventCreate");
-    check(cudaEventRecord(r.queued, stream_), "queue_recorded", "cudaEventRecord");
     const size_t first_slot = next_slot_;
     cudaGraph_t graph = nullptr;
     // Relaxed: the staging ring waits on its events and the pool may call cudaMalloc.
@@ -754,6 +742,7 @@ class CudaBackend final : public Backend {
     }
     check(cudaStreamEndCapture(stream_, &graph), "queue_recorded", ("capturing '" + key + "'").c_str());
     std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> owned(graph, cudaGraphDestroy);
+    RecordedStep& r = recorded_[key];
     cudaGraphExec_t& exec = r.exec[r.next];
     r.next ^= 1;
     if (exec) {
@@ -765,9 +754,6 @@ class CudaBackend final : public Backend {
       }
     }
     if (!exec) check(cudaGraphInstantiate(&exec, graph, 0), "queue_recorded", ("instantiating '" + key + "'").c_str());
-    const cudaError_t ran_out = cudaEventQuery(r.queued);  // cudaSuccess: the device is idle
-    if (ran_out != cudaSuccess && ran_out != cudaErrorNotReady) check(ran_out, "queue_recorded", "cudaEventQuery");
-    r.late = ran_out == cudaSuccess ? r.late + 1 : 0;
     check(cudaGraphLaunch(exec, stream_), "queue_recorded", ("launching '" + key + "'").c_str());
     // A staging slot the capture filled is read when the graph runs: free it after the launch.
     restart_staging_events(first_slot);
@@ -999,10 +985,7 @@ class CudaBackend final : public Backend {
   struct RecordedStep {
     cudaGraphExec_t exec[2] = {nullptr, nullptr};
     int next = 0;
-    cudaEvent_t queued = nullptr;  // recorded before each capture: the end of the work ahead
-    int late = 0;                  // captures in a row that found the device idle when done
   };
-  static constexpr int kLateLimit = 4;
   std::map<std::string, RecordedStep> recorded_;  // queue_recorded's graphs, by key
   // read_ids: pinned slots of kReadSlotIds ids, each with the event of its copy; in_use while
   // a PendingIds holds it.
