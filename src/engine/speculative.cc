@@ -115,6 +115,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
         b.queue_recorded("verify " + std::to_string(B), verify);
         const double t = recording.seconds();
         record_seconds = recordings++ == 0 ? t : std::min(record_seconds, t);
+        ++st.recorded_verifications;
       } else {
         verify();
       }

@@ -54,6 +54,7 @@ void GenerationStats::merge(const GenerationStats& o) {
   generated_tokens += o.generated_tokens;
   steps += o.steps;
   plain_steps += o.plain_steps;
+  recorded_verifications += o.recorded_verifications;
   auto add = [](std::vector<int64_t>& a, const std::vector<int64_t>& b) {
     grow(a, b.size());
     for (size_t i = 0; i < b.size(); ++i) a[i] += b[i];
@@ -74,6 +75,7 @@ nlohmann::json GenerationStats::to_json() const {
       {"generated_tokens", generated_tokens},
       {"steps", steps},
       {"plain_steps", plain_steps},
+      {"recorded_verifications", recorded_verifications},
       {"max_block_size", max_block_size},
       {"draft_block_size", draft_block_size},
       {"final_block_size", final_block_size},
@@ -107,6 +109,11 @@ std::string GenerationStats::to_text() const {
                   "%d-token drafted blocks)\n",
                   (long long)steps, (long long)plain_steps, mean_acceptance_length(), max_block_size, draft_block_size);
     s += buf;
+    if (recorded_verifications) {
+      std::snprintf(buf, sizeof buf, "verifications queued as one recording (a CUDA graph on a GPU): %lld of %lld\n",
+                    (long long)recorded_verifications, (long long)steps);
+      s += buf;
+    }
     s += "acceptance histogram (length: steps):";
     for (size_t i = 0; i < acceptance_histogram.size(); ++i)
       s += " " + std::to_string(i + 1) + ":" + std::to_string(acceptance_histogram[i]);
