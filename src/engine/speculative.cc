@@ -58,10 +58,10 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   out.commit(anchor);
 
   std::vector<const TokenLaw*> q;  // the drafter's laws, when sampling (draft_rows holds them)
-  // ids_on_device: recorded verifications, the host seconds of the fastest one's queuing, and
-  // the last step's draft (device) and verification seconds.
+  // ids_on_device: recorded verifications, the host seconds of the fastest one's queuing and
+  // the last draft's device seconds.
   int recordings = 0;
-  double record_seconds = 0, last_draft_seconds = 0, last_verify_seconds = 0;
+  double record_seconds = 0, last_draft_seconds = 0;
   while (!out.done()) {
     const int64_t s = target_state.length();  // committed positions; the anchor goes at s
     if (s >= capacity) {
@@ -105,15 +105,12 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
         v = target_.forward(target_state, block_ids, true, feature_layers);
         b.argmax_rows_into(v.logits, choice_ids);
       };
-      // A recorded verification starts only once recorded, so the device waits for whatever
-      // part of the recording the draft ahead of it does not cover; a graph runs the
-      // verification about 2 % faster (dflash bench --graph-probe). Record while the first
-      // costs less than the second: at Qwen3-8B shapes the host records in about the draft's
-      // 1.0 ms, behind the shipped pair's short draft the device would wait most of it. The
-      // fastest recording seen is the yardstick (the first also instantiates the graph, so two
-      // are always made); when not recording, every 32nd step records again.
-      if (recordings < 2 || record_seconds - last_draft_seconds < 0.02 * last_verify_seconds ||
-          st.steps % 32 == 0) {
+      // A recorded verification starts only once recorded: worth it while the draft ahead of
+      // it keeps the device busy for longer (Qwen3-8B shapes: a 1.0 ms draft, 0.5 ms to
+      // record); behind a small drafter's short pass the device would wait for the recording.
+      // The fastest recording seen is the yardstick (the first also instantiates the graph, so
+      // two are always made); when not recording, every 32nd step records again.
+      if (recordings < 2 || last_draft_seconds > record_seconds || st.steps % 32 == 0) {
         Stopwatch recording;
         b.queue_recorded("verify " + std::to_string(B), verify);
         const double t = recording.seconds();
@@ -177,7 +174,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     // the committed rows' features become the drafter's next context rows.
     target_state.truncate(s + accepted + 1);
     drafter_->add_context(drafter_state, v.features.slice_rows(0, accepted + 1));
-    const double verify_seconds = last_verify_seconds = step_time.seconds() - draft_seconds;
+    const double verify_seconds = step_time.seconds() - draft_seconds;
     st.draft_seconds += draft_seconds;
     st.verify_seconds += verify_seconds;
     st.record_step(B, accepted + 1);
