@@ -217,6 +217,14 @@ int run_bench(BenchArgs& a) {
     std::printf("plain decode %.1f tokens/s = %.1f%% of the %.1f tokens/s bound\n", plain_tps, 100 * plain_tps / bound,
                 bound);
   }
+#ifdef DFLASH_CUDA
+  if (m.backend->device() == DeviceKind::CUDA) {
+    const cuda::GraphCounts g = cuda::graph_counts(*m.backend);
+    std::printf("CUDA graphs: %lld launched, %lld updated in place, %lld instantiated\n", (long long)g.launched,
+                (long long)g.updated, (long long)g.instantiated);
+    report["cuda_graphs"] = {{"launched", g.launched}, {"updated", g.updated}, {"instantiated", g.instantiated}};
+  }
+#endif
   if (a.graph_probe) {
 #ifdef DFLASH_CUDA
     if (m.backend->device() != DeviceKind::CUDA) throw Error("--graph-probe needs --device cuda");

@@ -747,14 +747,20 @@ class CudaBackend final : public Backend {
     r.next ^= 1;
     if (exec) {
       cudaGraphExecUpdateResultInfo info{};
-      if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
+      if (cudaGraphExecUpdate(exec, graph, &info) == cudaSuccess) {
+        ++graph_counts_.updated;
+      } else {
         cudaGetLastError();  // not sticky; the shape changed, so instantiate afresh
         cudaGraphExecDestroy(exec);
         exec = nullptr;
       }
     }
-    if (!exec) check(cudaGraphInstantiate(&exec, graph, 0), "queue_recorded", ("instantiating '" + key + "'").c_str());
+    if (!exec) {
+      check(cudaGraphInstantiate(&exec, graph, 0), "queue_recorded", ("instantiating '" + key + "'").c_str());
+      ++graph_counts_.instantiated;
+    }
     check(cudaGraphLaunch(exec, stream_), "queue_recorded", ("launching '" + key + "'").c_str());
+    ++graph_counts_.launched;
     // A staging slot the capture filled is read when the graph runs: free it after the launch.
     restart_staging_events(first_slot);
   }
@@ -823,8 +829,9 @@ class CudaBackend final : public Backend {
     return out;
   }
 
-  // cuda::graph_probe (cuda_backend.h).
+  // cuda::graph_probe and graph_counts (cuda_backend.h).
  public:
+  GraphCounts graph_counts() const { return graph_counts_; }
   GraphProbe probe_graph(const std::function<void()>& step, int reps) {
     if (prof_)
       throw Error("graph_probe: DFLASH_CUDA_PROFILE=1 times every op with events, which a graph capture cannot "
@@ -987,6 +994,7 @@ class CudaBackend final : public Backend {
     int next = 0;
   };
   std::map<std::string, RecordedStep> recorded_;  // queue_recorded's graphs, by key
+  GraphCounts graph_counts_;
   // read_ids: pinned slots of kReadSlotIds ids, each with the event of its copy; in_use while
   // a PendingIds holds it.
   static constexpr size_t kReadSlots = 8, kReadSlotIds = 256;
@@ -1060,6 +1068,11 @@ GraphProbe graph_probe(Backend& backend, const std::function<void()>& step, int 
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   if (!cuda) throw Error("graph_probe: the backend is " + backend.name() + ", not cuda");
   return cuda->probe_graph(step, std::max(1, reps));
+}
+
+GraphCounts graph_counts(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda ? cuda->graph_counts() : GraphCounts{};
 }
 
 double copy_bandwidth(size_t bytes) {

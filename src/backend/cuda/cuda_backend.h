@@ -2,6 +2,7 @@
 // What the CUDA build offers beyond the Backend interface: facts about the device for
 // `dflash doctor` and the benchmark script. Declared only in builds with DFLASH_CUDA.
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -62,5 +63,13 @@ struct GraphProbe {
   size_t nodes = 0, edges = 0, programmatic_edges = 0;
 };
 GraphProbe graph_probe(Backend& backend, const std::function<void()>& step, int reps);
+
+// What Backend::queue_recorded has done on this backend so far: graphs launched, and how many
+// of those were updated in place from their capture or instantiated (a first capture, or one
+// whose shape the executable could not take).
+struct GraphCounts {
+  int64_t launched = 0, updated = 0, instantiated = 0;
+};
+GraphCounts graph_counts(Backend& backend);
 
 }  // namespace dflash::cuda
