@@ -721,7 +721,7 @@ class CudaBackend final : public Backend {
 
   // A graph per key, captured from each call and launched; the executable graph is updated
   // from the new capture (cheaper than instantiating: dflash bench --graph-probe) and
-  // instantiated again only when the capture's shape differs. Two executables a key, used in
+  // instantiated again when the update is refused (graph_counts says how often). Two executables a key, used in
   // turn, so the one updated is not the one the previous call launched. Under the profiler (its
   // events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops launch one by one.
   void queue_recorded(const std::string& key, const std::function<void()>& step) override {
