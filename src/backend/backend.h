@@ -179,6 +179,8 @@ class Backend {
   // recording starts to run only once it is complete, so it pays where the device is busy with
   // earlier work while the host records (the caller knows whether it is).
   virtual void queue_recorded(const std::string& key, const std::function<void()>& step);
+  // Whether queue_recorded records (false: it just runs the step, as the default does).
+  virtual bool records_steps() const { return false; }
 
   // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend
   // overrides one where a single kernel saves launches and passes over memory. An override

@@ -110,7 +110,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       // record); behind a small drafter's short pass the device would wait for the recording.
       // The fastest recording seen is the yardstick (the first also instantiates the graph, so
       // two are always made); when not recording, every 32nd step records again.
-      if (recordings < 2 || last_draft_seconds > record_seconds || st.steps % 32 == 0) {
+      if (b.records_steps() && (recordings < 2 || last_draft_seconds > record_seconds || st.steps % 32 == 0)) {
         Stopwatch recording;
         b.queue_recorded("verify " + std::to_string(B), verify);
         const double t = recording.seconds();

@@ -110,7 +110,7 @@ std::string GenerationStats::to_text() const {
                   (long long)steps, (long long)plain_steps, mean_acceptance_length(), max_block_size, draft_block_size);
     s += buf;
     if (recorded_verifications) {
-      std::snprintf(buf, sizeof buf, "verifications queued as one recording (a CUDA graph on a GPU): %lld of %lld\n",
+      std::snprintf(buf, sizeof buf, "verifications queued as one recording (a CUDA graph): %lld of %lld\n",
                     (long long)recorded_verifications, (long long)steps);
       s += buf;
     }

@@ -15,7 +15,7 @@ struct GenerationStats {
   int64_t generated_tokens = 0;
   int64_t steps = 0;        // speculative steps (draft + verify)
   int64_t plain_steps = 0;  // one-token steps (plain decoding, or speculation switched off)
-  int64_t recorded_verifications = 0;  // steps whose verification went through queue_recorded
+  int64_t recorded_verifications = 0;  // steps whose verification the backend recorded (a CUDA graph)
   std::vector<int64_t> acceptance_histogram;  // [L − 1] counts steps with acceptance length L
   std::vector<int> step_acceptance;           // acceptance length of each step, in order
   std::vector<int64_t> row_reached;   // [i] steps where row i − 1 was accepted (row 0: every step)

@@ -724,8 +724,10 @@ class CudaBackend final : public Backend {
   // instantiated again when the update is refused (graph_counts says how often). Two executables a key, used in
   // turn, so the one updated is not the one the previous call launched. Under the profiler (its
   // events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops launch one by one.
+  bool records_steps() const override { return !prof_ && graphs_enabled(); }
+
   void queue_recorded(const std::string& key, const std::function<void()>& step) override {
-    if (prof_ || !graphs_enabled()) {
+    if (!records_steps()) {
       step();
       return;
     }
