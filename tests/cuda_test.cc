@@ -9,6 +9,9 @@
 #include <fstream>
 #include <random>
 
+#ifdef DFLASH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "engine/generation.h"
 #include "engine/logit_rows.h"
 #include "engine/sampling.h"
@@ -264,15 +267,16 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CudaDrafterGolden,
 // Greedy speculative output must equal plain output on this backend too. It holds because
 // every op computes a row the same way whether it runs alone (plain decoding) or inside a
 // verification block (see kernels.h: the skinny matmul and attention are batch-invariant).
+const std::vector<std::pair<std::string, std::string>> kTinyPairs = {
+    {"qwen3-gqa1-tied-f32", "dflash-qwen3-gqa1-tied-f32"},
+    {"qwen3-gqa4-untied-f32", "dflash-qwen3-gqa4-untied-f32"},
+    {"qwen3-yarn-bf16", "dflash-qwen3-yarn-bf16"},
+    {"qwen3-vocab16-f32", "dflash-qwen3-vocab16-f32"},
+};
+
 TEST(CudaSpeculative, GreedyEqualsPlainOnTinyPairs) {
   REQUIRE_GPU(backend);
-  const std::vector<std::pair<std::string, std::string>> pairs = {
-      {"qwen3-gqa1-tied-f32", "dflash-qwen3-gqa1-tied-f32"},
-      {"qwen3-gqa4-untied-f32", "dflash-qwen3-gqa4-untied-f32"},
-      {"qwen3-yarn-bf16", "dflash-qwen3-yarn-bf16"},
-      {"qwen3-vocab16-f32", "dflash-qwen3-vocab16-f32"},
-  };
-  for (const auto& [t, d] : pairs) {
+  for (const auto& [t, d] : kTinyPairs) {
     auto target = Qwen3Model::load(tiny(t), *backend);
     auto drafter = DFlashDrafter::load(tiny(d), *target);
     const int vocab = target->config().vocab_size;
@@ -301,18 +305,22 @@ TEST(CudaSpeculative, GreedyEqualsPlainOnTinyPairs) {
 
 // The queued greedy loops launch each step as a CUDA graph captured afresh and updated into
 // the executable of the step before (Backend::queue_recorded), with the ids left on the
-// device; the host-driven loops launch op by op. The same tokens and steps on every tiny pair.
+// device; the host-driven loops launch op by op. The same tokens and steps on every tiny pair,
+// and graphs really ran (otherwise both sides would be the op-by-op path).
 TEST(CudaQueuedSteps, EqualHostDrivenSteps) {
   REQUIRE_GPU(backend);
-  for (const auto& [t, d] : std::vector<std::pair<std::string, std::string>>{
-           {"qwen3-gqa1-tied-f32", "dflash-qwen3-gqa1-tied-f32"},
-           {"qwen3-gqa4-untied-f32", "dflash-qwen3-gqa4-untied-f32"},
-           {"qwen3-yarn-bf16", "dflash-qwen3-yarn-bf16"},
-           {"qwen3-vocab16-f32", "dflash-qwen3-vocab16-f32"}}) {
+  for (const auto& [t, d] : kTinyPairs) {
     auto target = Qwen3Model::load(tiny(t), *backend);
     auto drafter = DFlashDrafter::load(tiny(d), *target);
     expect_queued_equals_host_driven(*target, *drafter, 8, 11);
   }
+#ifdef DFLASH_CUDA  // a build without it has skipped above: no GPU backend
+  const cuda::GraphCounts graphs = cuda::graph_counts(*backend);
+  std::printf("[ cuda     ] graphs: %lld launched, %lld updated in place, %lld instantiated\n",
+              (long long)graphs.launched, (long long)graphs.updated, (long long)graphs.instantiated);
+  EXPECT_GT(graphs.launched, 0);
+  EXPECT_EQ(graphs.launched, graphs.updated + graphs.instantiated);
+#endif
 }
 
 // The shipped, trained pair (models/, when present): real acceptance, real rollbacks.

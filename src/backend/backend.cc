@@ -77,21 +77,24 @@ void select_top_p(const float* row, int n, float inv_t, float top_p, CandidateRo
   out.row_mass = mass;
 }
 
-void Backend::argmax_rows_into(const Tensor& x, Tensor& ids) {
-  if (ids.device != DeviceKind::CPU || ids.dtype != DType::I32 || ids.rows != x.rows || ids.cols != 1)
-    throw Error(name() + " argmax_rows_into: ids must be host I32 [" + std::to_string(x.rows) + ", 1], got " +
-                ids.describe());
-  const std::vector<int32_t> v = argmax_rows(x);
-  for (int64_t r = 0; r < ids.rows; ++r) ids.ptr<int32_t>()[r * ids.ld] = v[size_t(r)];
+namespace {
+// The default ids ops' tensors: host I32 [rows, 1] (rows < 0: any number).
+void expect_host_ids(const Backend& b, const Tensor& ids, int64_t rows, const char* op) {
+  if (ids.device != DeviceKind::CPU || ids.dtype != DType::I32 || ids.cols != 1 || (rows >= 0 && ids.rows != rows))
+    throw Error(b.name() + " " + op + ": ids must be host I32 [" + (rows >= 0 ? std::to_string(rows) : "rows") +
+                ", 1], got " + ids.describe());
 }
 
-namespace {
 std::vector<int32_t> host_ids(const Backend& b, const Tensor& ids, const char* op) {
-  if (ids.device != DeviceKind::CPU || ids.dtype != DType::I32 || ids.cols != 1)
-    throw Error(b.name() + " " + op + ": ids must be host I32 [rows, 1], got " + ids.describe());
+  expect_host_ids(b, ids, -1, op);
   std::vector<int32_t> v(size_t(ids.rows));
   for (int64_t r = 0; r < ids.rows; ++r) v[size_t(r)] = ids.ptr<int32_t>()[r * ids.ld];
   return v;
+}
+
+void set_host_ids(const Backend& b, const std::vector<int32_t>& v, Tensor& ids, const char* op) {
+  expect_host_ids(b, ids, static_cast<int64_t>(v.size()), op);
+  for (int64_t r = 0; r < ids.rows; ++r) ids.ptr<int32_t>()[r * ids.ld] = v[size_t(r)];
 }
 
 class ReadyIds final : public PendingIds {
@@ -104,6 +107,11 @@ class ReadyIds final : public PendingIds {
 };
 }  // namespace
 
+void Backend::argmax_rows_into(const Tensor& x, Tensor& ids) {
+  expect_host_ids(*this, ids, x.rows, "argmax_rows_into");
+  set_host_ids(*this, argmax_rows(x), ids, "argmax_rows_into");
+}
+
 void Backend::embed_rows(const Tensor& ids, const Tensor& table, Tensor& out) {
   embed(host_ids(*this, ids, "embed_rows"), table, out);
 }
@@ -114,12 +122,7 @@ std::unique_ptr<PendingIds> Backend::read_ids(const Tensor& ids) {
 
 void Backend::queue_recorded(const std::string&, const std::function<void()>& step) { step(); }
 
-void Backend::write_ids(const std::vector<int32_t>& v, Tensor& ids) {
-  if (ids.device != DeviceKind::CPU || ids.dtype != DType::I32 || ids.cols != 1 ||
-      ids.rows != static_cast<int64_t>(v.size()))
-    throw Error(name() + " write_ids: " + std::to_string(v.size()) + " ids into " + ids.describe());
-  for (int64_t r = 0; r < ids.rows; ++r) ids.ptr<int32_t>()[r * ids.ld] = v[size_t(r)];
-}
+void Backend::write_ids(const std::vector<int32_t>& v, Tensor& ids) { set_host_ids(*this, v, ids, "write_ids"); }
 
 namespace {
 struct HostClockMark final : QueueMark {

@@ -719,49 +719,41 @@ class CudaBackend final : public Backend {
     return 1e-3 * double(ms);
   }
 
-  // A graph per key, captured from each call and launched; the executable graph is updated
-  // from the new capture (cheaper than instantiating: dflash bench --graph-probe) and
-  // instantiated again when the update is refused (graph_counts says how often). Two executables a key, used in
-  // turn, so the one updated is not the one the previous call launched. Under the profiler (its
-  // events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops launch one by one.
+  // Under the profiler (its events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops
+  // launch one by one.
   bool records_steps() const override { return !prof_ && graphs_enabled(); }
 
+  // A graph per key, captured from each call and launched; the executable graph is updated
+  // from the new capture (cheaper than instantiating: dflash bench --graph-probe) and
+  // instantiated again when the update is refused (graph_counts says how often). Two
+  // executables a key, used in turn, so the one updated is not the one the previous call
+  // launched.
   void queue_recorded(const std::string& key, const std::function<void()>& step) override {
     if (!records_steps()) {
       step();
       return;
     }
     const size_t first_slot = next_slot_;
-    cudaGraph_t graph = nullptr;
-    // Relaxed: the staging ring waits on its events and the pool may call cudaMalloc.
-    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "queue_recorded", "cudaStreamBeginCapture");
-    try {
-      step();
-    } catch (...) {
-      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
-      restart_staging_events(first_slot);
-      throw;
-    }
-    check(cudaStreamEndCapture(stream_, &graph), "queue_recorded", ("capturing '" + key + "'").c_str());
-    std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> owned(graph, cudaGraphDestroy);
+    const std::string op = "queue_recorded '" + key + "'";
+    std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> graph(capture(step, op.c_str()), cudaGraphDestroy);
     RecordedStep& r = recorded_[key];
     cudaGraphExec_t& exec = r.exec[r.next];
     r.next ^= 1;
     if (exec) {
       cudaGraphExecUpdateResultInfo info{};
-      if (cudaGraphExecUpdate(exec, graph, &info) == cudaSuccess) {
+      if (cudaGraphExecUpdate(exec, graph.get(), &info) == cudaSuccess) {
         ++graph_counts_.updated;
       } else {
-        cudaGetLastError();  // not sticky; the shape changed, so instantiate afresh
+        cudaGetLastError();  // a refused update is not a sticky error: instantiate afresh
         cudaGraphExecDestroy(exec);
         exec = nullptr;
       }
     }
     if (!exec) {
-      check(cudaGraphInstantiate(&exec, graph, 0), "queue_recorded", ("instantiating '" + key + "'").c_str());
+      check(cudaGraphInstantiate(&exec, graph.get(), 0), op.c_str(), "cudaGraphInstantiate");
       ++graph_counts_.instantiated;
     }
-    check(cudaGraphLaunch(exec, stream_), "queue_recorded", ("launching '" + key + "'").c_str());
+    check(cudaGraphLaunch(exec, stream_), op.c_str(), "cudaGraphLaunch");
     ++graph_counts_.launched;
     // A staging slot the capture filled is read when the graph runs: free it after the launch.
     restart_staging_events(first_slot);
@@ -869,22 +861,8 @@ class CudaBackend final : public Backend {
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       };
       r.host_enqueue_ms = host_ms(step);
-      // Relaxed: the staging ring waits on its events and the pool may call cudaMalloc.
       size_t first_slot = next_slot_;
-      auto capture = [&](cudaGraph_t& g) {
-        first_slot = next_slot_;
-        check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "graph_probe",
-              "cudaStreamBeginCapture");
-        try {
-          step();
-        } catch (...) {
-          cudaStreamEndCapture(stream_, &g);
-          restart_staging_events(first_slot);
-          throw;
-        }
-        check(cudaStreamEndCapture(stream_, &g), "graph_probe", "cudaStreamEndCapture");
-      };
-      r.host_capture_ms = host_ms([&] { capture(graph); });
+      r.host_capture_ms = host_ms([&] { graph = capture(step, "graph_probe"); });
       restart_staging_events(first_slot);
       check(cudaGraphGetNodes(graph, nullptr, &r.nodes), "graph_probe", "cudaGraphGetNodes");
       check(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &r.edges), "graph_probe", "cudaGraphGetEdges");
@@ -896,8 +874,8 @@ class CudaBackend final : public Backend {
       r.host_instantiate_ms =
           host_ms([&] { check(cudaGraphInstantiate(&exec, graph, 0), "graph_probe", "cudaGraphInstantiate"); });
       {
-        cudaGraph_t again = nullptr;
-        capture(again);
+        first_slot = next_slot_;
+        cudaGraph_t again = capture(step, "graph_probe");
         restart_staging_events(first_slot);
         cudaGraphExecUpdateResultInfo info{};
         cudaError_t e = cudaSuccess;
@@ -913,6 +891,25 @@ class CudaBackend final : public Backend {
     }
     release();
     return r;
+  }
+
+  // What step() queues, as a graph (stream capture; relaxed, because the staging ring waits on
+  // its events and the pool may call cudaMalloc). Events recorded meanwhile belong to the
+  // capture: the caller gives the staging slots taken since it began their events back
+  // (restart_staging_events) once the graph is launched, as this does when step() throws.
+  cudaGraph_t capture(const std::function<void()>& step, const char* op) {
+    const size_t first_slot = next_slot_;
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), op, "cudaStreamBeginCapture");
+    try {
+      step();
+    } catch (...) {
+      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+      restart_staging_events(first_slot);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream_, &graph), op, "cudaStreamEndCapture");
+    return graph;
   }
 
   // Events recorded while capturing belong to the capture: the staging slots taken since
