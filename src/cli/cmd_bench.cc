@@ -222,7 +222,11 @@ int run_bench(BenchArgs& a) {
     const cuda::GraphCounts g = cuda::graph_counts(*m.backend);
     std::printf("CUDA graphs: %lld launched, %lld updated in place, %lld instantiated\n", (long long)g.launched,
                 (long long)g.updated, (long long)g.instantiated);
-    report["cuda_graphs"] = {{"launched", g.launched}, {"updated", g.updated}, {"instantiated", g.instantiated}};
+    if (!g.first_refusal.empty()) std::printf("CUDA graphs: first refused update: %s\n", g.first_refusal.c_str());
+    report["cuda_graphs"] = {{"launched", g.launched},
+                             {"updated", g.updated},
+                             {"instantiated", g.instantiated},
+                             {"first_refusal", g.first_refusal}};
   }
 #endif
   if (a.graph_probe) {

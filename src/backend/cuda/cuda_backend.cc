@@ -745,6 +745,7 @@ class CudaBackend final : public Backend {
         ++graph_counts_.updated;
       } else {
         cudaGetLastError();  // a refused update is not a sticky error: instantiate afresh
+        if (graph_counts_.first_refusal.empty()) graph_counts_.first_refusal = key + ": " + describe_refusal(info);
         cudaGraphExecDestroy(exec);
         exec = nullptr;
       }
@@ -891,6 +892,34 @@ class CudaBackend final : public Backend {
     }
     release();
     return r;
+  }
+
+  // cudaGraphExecUpdate's reason, and the kernel it names when the node is a kernel.
+  static std::string describe_refusal(const cudaGraphExecUpdateResultInfo& info) {
+    std::string why;
+    switch (info.result) {
+      case cudaGraphExecUpdateErrorTopologyChanged: why = "topology changed"; break;
+      case cudaGraphExecUpdateErrorNodeTypeChanged: why = "node type changed"; break;
+      case cudaGraphExecUpdateErrorFunctionChanged: why = "kernel function changed"; break;
+      case cudaGraphExecUpdateErrorParametersChanged: why = "parameters changed"; break;
+      case cudaGraphExecUpdateErrorNotSupported: why = "not supported"; break;
+      case cudaGraphExecUpdateErrorUnsupportedFunctionChange: why = "unsupported function change"; break;
+      case cudaGraphExecUpdateErrorAttributesChanged: why = "attributes changed"; break;
+      default: why = "result " + std::to_string(int(info.result));
+    }
+    for (cudaGraphNode_t node : {info.errorNode, info.errorFromNode}) {
+      if (!node) continue;
+      cudaGraphNodeType type{};
+      if (cudaGraphNodeGetType(node, &type) != cudaSuccess) continue;
+      why += ", node type " + std::to_string(int(type));
+      cudaKernelNodeParams p{};
+      const char* name = nullptr;
+      if (type == cudaGraphNodeTypeKernel && cudaGraphKernelNodeGetParams(node, &p) == cudaSuccess &&
+          cudaFuncGetName(&name, p.func) == cudaSuccess && name)
+        why += std::string(" (") + name + ")";
+    }
+    cudaGetLastError();
+    return why;
   }
 
   // What step() queues, as a graph (stream capture; relaxed, because the staging ring waits on

@@ -67,8 +67,11 @@ GraphProbe graph_probe(Backend& backend, const std::function<void()>& step, int 
 // What Backend::queue_recorded has done on this backend so far: graphs launched, and how many
 // of those were updated in place from their capture or instantiated (a first capture, or one
 // whose shape the executable could not take).
+// first_refusal: why cudaGraphExecUpdate first refused an update ("" if it never did), with
+// the node it names.
 struct GraphCounts {
   int64_t launched = 0, updated = 0, instantiated = 0;
+  std::string first_refusal;
 };
 GraphCounts graph_counts(Backend& backend);
 
