@@ -750,13 +750,19 @@ class CudaBackend final : public Backend {
         exec = nullptr;
       }
     }
-    if (!exec) {
-      check(cudaGraphInstantiate(&exec, graph.get(), 0), op.c_str(), "cudaGraphInstantiate");
-      ++graph_counts_.instantiated;
+    // A staging slot the capture filled is read when the graph runs: its event is recorded
+    // again after the launch, or now if instantiating or launching fails.
+    try {
+      if (!exec) {
+        check(cudaGraphInstantiate(&exec, graph.get(), 0), op.c_str(), "cudaGraphInstantiate");
+        ++graph_counts_.instantiated;
+      }
+      check(cudaGraphLaunch(exec, stream_), op.c_str(), "cudaGraphLaunch");
+    } catch (...) {
+      restart_staging_events(first_slot);
+      throw;
     }
-    check(cudaGraphLaunch(exec, stream_), op.c_str(), "cudaGraphLaunch");
     ++graph_counts_.launched;
-    // A staging slot the capture filled is read when the graph runs: free it after the launch.
     restart_staging_events(first_slot);
   }
 
