@@ -132,6 +132,11 @@ struct HostClockMark final : QueueMark {
 
 std::unique_ptr<QueueMark> Backend::mark() { return std::make_unique<HostClockMark>(); }
 
+bool Backend::passed(const QueueMark& m) {
+  if (!dynamic_cast<const HostClockMark*>(&m)) throw Error(name() + " passed: a mark from another backend");
+  return true;
+}
+
 double Backend::seconds_between(const QueueMark& from, const QueueMark& to) {
   const auto* a = dynamic_cast<const HostClockMark*>(&from);
   const auto* b = dynamic_cast<const HostClockMark*>(&to);

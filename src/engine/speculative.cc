@@ -58,10 +58,10 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   out.commit(anchor);
 
   std::vector<const TokenLaw*> q;  // the drafter's laws, when sampling (draft_rows holds them)
-  // ids_on_device: recorded verifications, the host seconds of the fastest one's queuing and
-  // the last draft's device seconds.
+  // ids_on_device: verifications recorded, and whether the last one was launched while the
+  // device was still drafting.
   int recordings = 0;
-  double record_seconds = 0, last_draft_seconds = 0;
+  bool last_recording_hidden = false;
   while (!out.done()) {
     const int64_t s = target_state.length();  // committed positions; the anchor goes at s
     if (s >= capacity) {
@@ -105,20 +105,17 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
         v = target_.forward(target_state, block_ids, true, feature_layers);
         b.argmax_rows_into(v.logits, choice_ids);
       };
-      // A recorded verification starts only once recorded: worth it while the draft ahead of
-      // it keeps the device busy for longer (Qwen3-8B shapes: a 1.0 ms draft against a
-      // recording of about 0.5 ms in the graph probe); behind a small drafter's short pass the
-      // device would wait for the recording.
-      // The yardstick is the fastest recording that reused an executable: the CUDA backend
-      // instantiates one for each of the first two (it keeps two a shape, used in turn), which
-      // costs about as much as the 8B-shaped draft, and a yardstick taken from those kept the
-      // rule from recording again until step 32 (33 of 63 recorded, H200, 2026-12-01). So the
-      // first three are always recorded; when not recording, every 32nd step records again.
-      if (b.records_steps() && (recordings < 3 || last_draft_seconds > record_seconds || st.steps % 32 == 0)) {
-        Stopwatch recording;
+      // A recorded verification starts only once recorded: it pays while the device is still
+      // on the draft when the recording is launched, and makes the device wait where it is
+      // not (behind a small drafter's short pass, whose device time the host's launches set).
+      // So the rule asks the device: record again while the last recording was launched
+      // before the draft ended. The first two recordings of a shape instantiate executables
+      // (slow), so the first three are recorded whatever they show; when not recording, every
+      // 32nd step tries again. (A rule from times, the draft's against the fastest recording's,
+      // misjudged both ends: the draft's device time includes waiting for its launches.)
+      if (b.records_steps() && (recordings < 3 || last_recording_hidden || st.steps % 32 == 0)) {
         b.queue_recorded("verify " + std::to_string(B), verify);
-        const double t = recording.seconds();
-        if (recordings >= 2) record_seconds = recordings == 2 ? t : std::min(record_seconds, t);
+        last_recording_hidden = !b.passed(*drafted);
         ++recordings;
         ++st.recorded_verifications;
       } else {
@@ -127,7 +124,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       const std::vector<int32_t> read = b.read_ids(ids)->get();
       std::copy(read.begin(), read.begin() + B, block.begin());
       choices.assign(read.begin() + B, read.end());
-      draft_seconds = last_draft_seconds = b.seconds_between(*draft_start, *drafted);
+      draft_seconds = b.seconds_between(*draft_start, *drafted);
     } else {
       // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
       Tensor dl = drafter_->draft(drafter_state, anchor, draft_block_, B);

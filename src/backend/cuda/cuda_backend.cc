@@ -719,6 +719,18 @@ class CudaBackend final : public Backend {
     return 1e-3 * double(ms);
   }
 
+  bool passed(const QueueMark& m) override {
+    const auto* e = dynamic_cast<const EventMark*>(&m);
+    if (!e) throw Error("cuda passed: a mark from another backend");
+    const cudaError_t r = cudaEventQuery(e->e);
+    if (r == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error: the device is still on earlier work
+      return false;
+    }
+    check(r, "passed", "cudaEventQuery");
+    return true;
+  }
+
   // Under the profiler (its events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops
   // launch one by one.
   bool records_steps() const override { return !prof_ && graphs_enabled(); }
