@@ -121,7 +121,12 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       } else {
         verify();
       }
-      const std::vector<int32_t> read = b.read_ids(ids)->get();
+      // The drafter's context rows for the whole block go in behind the read, while the host
+      // waits for the ids and decides; the rows of rejected drafts leave again below. (Batch
+      // invariance makes the kept rows the same numbers as rows added after the decision.)
+      const auto pending = b.read_ids(ids);
+      drafter_->add_context(drafter_state, v.features);
+      const std::vector<int32_t> read = pending->get();
       std::copy(read.begin(), read.begin() + B, block.begin());
       choices.assign(read.begin() + B, read.end());
       draft_seconds = b.seconds_between(*draft_start, *drafted);
@@ -175,7 +180,8 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     // Commit anchor + a drafts; rows of rejected drafts leave the target's cache, and only
     // the committed rows' features become the drafter's next context rows.
     target_state.truncate(s + accepted + 1);
-    drafter_->add_context(drafter_state, v.features.slice_rows(0, accepted + 1));
+    if (ids_on_device) drafter_state.truncate(drafter_state.length() - (B - 1 - accepted));
+    else drafter_->add_context(drafter_state, v.features.slice_rows(0, accepted + 1));
     const double verify_seconds = step_time.seconds() - draft_seconds;
     st.draft_seconds += draft_seconds;
     st.verify_seconds += verify_seconds;
