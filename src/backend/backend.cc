@@ -108,7 +108,6 @@ class ReadyIds final : public PendingIds {
 }  // namespace
 
 void Backend::argmax_rows_into(const Tensor& x, Tensor& ids) {
-  expect_host_ids(*this, ids, x.rows, "argmax_rows_into");
   set_host_ids(*this, argmax_rows(x), ids, "argmax_rows_into");
 }
 
@@ -128,20 +127,25 @@ namespace {
 struct HostClockMark final : QueueMark {
   std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
 };
+
+const HostClockMark& host_clock_mark(const Backend& b, const QueueMark& m, const char* op) {
+  const auto* h = dynamic_cast<const HostClockMark*>(&m);
+  if (!h) throw Error(b.name() + " " + op + ": a mark from another backend");
+  return *h;
+}
 }  // namespace
 
 std::unique_ptr<QueueMark> Backend::mark() { return std::make_unique<HostClockMark>(); }
 
 bool Backend::passed(const QueueMark& m) {
-  if (!dynamic_cast<const HostClockMark*>(&m)) throw Error(name() + " passed: a mark from another backend");
+  host_clock_mark(*this, m, "passed");
   return true;
 }
 
 double Backend::seconds_between(const QueueMark& from, const QueueMark& to) {
-  const auto* a = dynamic_cast<const HostClockMark*>(&from);
-  const auto* b = dynamic_cast<const HostClockMark*>(&to);
-  if (!a || !b) throw Error(name() + " seconds_between: marks from another backend");
-  return std::chrono::duration<double>(b->at - a->at).count();
+  const auto& a = host_clock_mark(*this, from, "seconds_between");
+  const auto& b = host_clock_mark(*this, to, "seconds_between");
+  return std::chrono::duration<double>(b.at - a.at).count();
 }
 
 namespace {

@@ -112,7 +112,8 @@ void run_graph_probe(LoadedModels& m, const std::vector<int32_t>& prompt, nlohma
     std::printf("graph probe %-22s host: queue %.3f ms, capture %.3f, instantiate %.3f, update %.3f\n", name,
                 g.host_enqueue_ms, g.host_capture_ms, g.host_instantiate_ms, g.host_update_ms);
     out[name] = {{"launched_ms", g.launched_ms},        {"graph_ms", g.replayed_ms},
-                 {"nodes", g.nodes},                    {"programmatic_edges", g.programmatic_edges},
+                 {"nodes", g.nodes},                    {"edges", g.edges},
+                 {"programmatic_edges", g.programmatic_edges},
                  {"host_enqueue_ms", g.host_enqueue_ms}, {"host_capture_ms", g.host_capture_ms},
                  {"host_instantiate_ms", g.host_instantiate_ms}, {"host_update_ms", g.host_update_ms}};
   };

@@ -58,9 +58,9 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   out.commit(anchor);
 
   std::vector<const TokenLaw*> q;  // the drafter's laws, when sampling (draft_rows holds them)
-  // ids_on_device: verifications recorded, and how many of the last were launched after the
-  // device had finished the draft.
-  int recordings = 0, late_in_a_row = 0;
+  // ids_on_device: how many of the last recorded verifications were launched after the device
+  // had finished the draft.
+  int late_in_a_row = 0;
   while (!out.done()) {
     const int64_t s = target_state.length();  // committed positions; the anchor goes at s
     if (s >= capacity) {
@@ -114,10 +114,10 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       // fastest recording's, misjudged both ends: the draft's device time includes waiting for
       // its launches. Stopping at one late launch let a single slow early step stop recording
       // for 30 steps in 2 of 8 bench runs at Qwen3-8B shapes, H200, 2026-12-01.)
-      if (b.records_steps() && (recordings < 2 || late_in_a_row < 2 || st.steps % 32 == 0)) {
+      const int64_t recorded = st.recorded_verifications;
+      if (b.records_steps() && (recorded < 2 || late_in_a_row < 2 || st.steps % 32 == 0)) {
         b.queue_recorded("verify " + std::to_string(B), verify);
-        if (recordings >= 2) late_in_a_row = b.passed(*drafted) ? late_in_a_row + 1 : 0;
-        ++recordings;
+        if (recorded >= 2) late_in_a_row = b.passed(*drafted) ? late_in_a_row + 1 : 0;
         ++st.recorded_verifications;
       } else {
         verify();

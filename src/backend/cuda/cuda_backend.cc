@@ -709,20 +709,21 @@ class CudaBackend final : public Backend {
     check(cudaEventRecord(m->e, stream_), "mark", "cudaEventRecord");
     return m;
   }
+  static cudaEvent_t event_of(const QueueMark& m, const char* op) {
+    const auto* e = dynamic_cast<const EventMark*>(&m);
+    if (!e) throw Error(std::string("cuda ") + op + ": a mark from another backend");
+    return e->e;
+  }
   double seconds_between(const QueueMark& from, const QueueMark& to) override {
-    const auto* a = dynamic_cast<const EventMark*>(&from);
-    const auto* b = dynamic_cast<const EventMark*>(&to);
-    if (!a || !b) throw Error("cuda seconds_between: marks from another backend");
-    check(cudaEventSynchronize(b->e), "seconds_between", "cudaEventSynchronize");
+    cudaEvent_t a = event_of(from, "seconds_between"), b = event_of(to, "seconds_between");
+    check(cudaEventSynchronize(b), "seconds_between", "cudaEventSynchronize");
     float ms = 0;
-    check(cudaEventElapsedTime(&ms, a->e, b->e), "seconds_between", "cudaEventElapsedTime");
+    check(cudaEventElapsedTime(&ms, a, b), "seconds_between", "cudaEventElapsedTime");
     return 1e-3 * double(ms);
   }
 
   bool passed(const QueueMark& m) override {
-    const auto* e = dynamic_cast<const EventMark*>(&m);
-    if (!e) throw Error("cuda passed: a mark from another backend");
-    const cudaError_t r = cudaEventQuery(e->e);
+    const cudaError_t r = cudaEventQuery(event_of(m, "passed"));
     if (r == cudaErrorNotReady) {
       cudaGetLastError();  // not an error: the device is still on earlier work
       return false;
