@@ -185,6 +185,86 @@ TEST(CudaAttention, NewRowsInBlockEqualRowsAlone) {
   check_new_rows_alone(*backend, 5, 6, 2, 96, 40);
 }
 
+#ifdef DFLASH_CUDA
+// The attention chain (q/k-norm, RoPE, the cache store, the split blocks and the merge in one
+// launch) against the two ops it stands for, on the same backend and inputs: the outputs, the
+// rotated queries and the cache rows must be equal bit for bit, and the chain must have run.
+// Each shape runs twice, so the second launch finds the counters the first left.
+void check_chain_equals_two_ops(Backend& gpu, int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t pos0,
+                                AttentionMask mask) {
+  SCOPED_TRACE("T " + std::to_string(T) + ", heads " + std::to_string(hq) + "/" + std::to_string(hkv) + " x " +
+               std::to_string(D) + ", pos0 " + std::to_string(pos0) +
+               (mask == AttentionMask::Causal ? ", causal" : ", no mask"));
+  const int64_t cols = (hq + 2 * hkv) * D, kv_len = pos0 + T, cache_rows = kv_len + 5;
+  std::mt19937 rng(static_cast<uint32_t>(T * 104729 + D + pos0));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto fill = [&](int64_t n, float mean, float scale) {
+    std::vector<float> h(static_cast<size_t>(n));
+    for (auto& x : h) x = bf16_to_f32(f32_to_bf16(mean + scale * nd(rng)));
+    return h;
+  };
+  const auto x = fill(T * cols, 0.f, 2.f), qn = fill(D, 1.f, 0.2f), kn = fill(D, 1.f, 0.2f);
+  auto kv = fill(cache_rows * hkv * D, 0.f, 1.f);
+  for (int64_t i = pos0 * hkv * D; i < cache_rows * hkv * D; ++i) kv[size_t(i)] = NAN;  // written, then read
+  auto to_bf16 = [&](const float* h, int64_t rows, int64_t c) {
+    Tensor f = gpu.upload(h, rows, c);
+    Tensor b = gpu.alloc(rows, c, DType::BF16);
+    gpu.copy(f, b);
+    return b;
+  };
+  const Tensor gqn = gpu.upload(qn.data(), 1, D), gkn = gpu.upload(kn.data(), 1, D);
+  RopeConfig rc;
+  rc.theta = 1e6;
+  RopeTable table(rc, int(D));
+  table.ensure(kv_len);
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) positions[size_t(i)] = int32_t(pos0 + i);
+  struct Result {
+    std::vector<float> out, q, k, v;
+  };
+  auto run = [&](bool chain) {
+    Tensor xt = to_bf16(x.data(), T, cols);
+    Tensor q = xt.slice_cols(0, hq * D), k = xt.slice_cols(hq * D, hkv * D), v = xt.slice_cols((hq + hkv) * D, hkv * D);
+    Tensor kc = to_bf16(kv.data(), cache_rows, hkv * D), vc = to_bf16(kv.data(), cache_rows, hkv * D);
+    Tensor out = gpu.alloc(T, hq * D, DType::BF16);
+    if (chain) {
+      gpu.qk_norm_rope_attention(q, k, v, gqn, gkn, 1e-6f, positions, D, table, kc, vc, pos0, kv_len, mask, out);
+    } else {
+      Tensor k_dst = kc.slice_rows(pos0, T), v_dst = vc.slice_rows(pos0, T);
+      gpu.qk_norm_rope_store(q, k, v, gqn, gkn, 1e-6f, positions, D, table, k_dst, v_dst);
+      gpu.attention(q, kc, vc, kv_len, pos0, D, mask, out);
+    }
+    return Result{download(gpu, out), download(gpu, q), download(gpu, kc.slice_rows(0, kv_len)),
+                  download(gpu, vc.slice_rows(0, kv_len))};
+  };
+  const Result two = run(false);
+  for (const float f : two.out) ASSERT_TRUE(std::isfinite(f));
+  for (int rep = 0; rep < 2; ++rep) {
+    const int64_t launched = cuda::attention_chain_launches();
+    const Result one = run(true);
+    EXPECT_EQ(cuda::attention_chain_launches(), launched + 1) << "the chain did not run";
+    EXPECT_EQ(std::memcmp(one.out.data(), two.out.data(), two.out.size() * sizeof(float)), 0) << "outputs differ";
+    EXPECT_EQ(std::memcmp(one.q.data(), two.q.data(), two.q.size() * sizeof(float)), 0) << "queries differ";
+    EXPECT_EQ(std::memcmp(one.k.data(), two.k.data(), two.k.size() * sizeof(float)), 0) << "cached keys differ";
+    EXPECT_EQ(std::memcmp(one.v.data(), two.v.data(), two.v.size() * sizeof(float)), 0) << "cached values differ";
+  }
+}
+
+TEST(CudaAttention, ChainEqualsTheTwoOps) {
+  ::setenv("DFLASH_ATTN_CHAIN", "1", 1);  // read when a backend is made
+  auto backend = gpu_or_skip();
+  ::unsetenv("DFLASH_ATTN_CHAIN");
+  if (!backend) GTEST_SKIP() << "needs a CUDA GPU (none visible)";
+  check_chain_equals_two_ops(*backend, 1, 32, 8, 128, 600, AttentionMask::Causal);    // Qwen3-8B decode
+  check_chain_equals_two_ops(*backend, 16, 32, 8, 128, 600, AttentionMask::Causal);   // its verification
+  check_chain_equals_two_ops(*backend, 16, 32, 8, 128, 284, AttentionMask::None);     // its drafter's block
+  check_chain_equals_two_ops(*backend, 16, 32, 8, 128, 3000, AttentionMask::Causal);  // more units than blocks
+  check_chain_equals_two_ops(*backend, 32, 8, 2, 64, 63, AttentionMask::Causal);      // straddling a chunk
+  check_chain_equals_two_ops(*backend, 7, 8, 4, 256, 100, AttentionMask::Causal);
+  check_chain_equals_two_ops(*backend, 5, 6, 2, 96, 40, AttentionMask::Causal);
+}
+#endif
+
 class CudaQwen3Golden : public ::testing::TestWithParam<std::string> {};
 
 // The same feeding as the CPU golden test (prefill the prompt with all rows, then one token
