@@ -720,20 +720,15 @@ __device__ __forceinline__ unsigned chain_load_acquire(const unsigned* p) {
 #endif
   return v;
 }
-// One thread of the block (kBlock) or of the warp polls, the others wait at a barrier; then
-// every thread reads the counter once itself, an acquire of its own, so that its loads that
-// follow are ordered after the writes counted in. A wait that cannot end (a block that never
-// became resident) traps after seconds instead of hanging the process.
-template <bool kBlock>
+// Every thread that reads another block's results waits itself (an acquire each), so no fence
+// argument across threads is needed on the reading side.
+// A wait that cannot end (a block that never became resident) traps after seconds instead of
+// hanging the process.
 __device__ __forceinline__ void chain_wait(const unsigned* counter, unsigned target) {
-  if (kBlock ? threadIdx.x == 0 : threadIdx.x % 32 == 0)
-    for (unsigned spins = 0; chain_load_acquire(counter) < target; ++spins) {
-      if (spins == (1u << 24)) __trap();
-      __nanosleep(32);
-    }
-  if constexpr (kBlock) __syncthreads();
-  else __syncwarp();
-  (void)chain_load_acquire(counter);
+  for (unsigned spins = 0; chain_load_acquire(counter) < target; ++spins) {
+    if (spins == (1u << 24)) __trap();
+    __nanosleep(32);
+  }
 }
 // After a barrier, so every thread's writes before it are covered by thread 0's release.
 __device__ __forceinline__ void chain_count_in(unsigned* counter) {
@@ -748,7 +743,7 @@ __device__ __forceinline__ void chain_count_in(unsigned* counter) {
 template <int W, int V>
 __global__ void __launch_bounds__(W * 32, 3) attention_chain_kernel(const SplitArgs a, const ChainArgs ch) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float qk_partial[16];  // 8 warps; an idle group past them reads up to 3 more
+  __shared__ float qk_partial[8];
   __shared__ float qk_normed[256];
   grid_dependency_begin_wait_only();
   const int hkv = ch.qk.hkv, tiles = ch.row_tiles * a.head_tiles;
@@ -793,7 +788,7 @@ __global__ void __launch_bounds__(W * 32, 3) attention_chain_kernel(const SplitA
     const int64_t c0 = int64_t(c) * kChunk;
     const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
     if (n_load > 0) {
-      chain_wait<true>(&stage1[kvh], stage1_target);
+      chain_wait(&stage1[kvh], stage1_target);
       split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
     }
     __syncthreads();  // shared memory is reused by the next unit; the partials are written
@@ -811,7 +806,7 @@ __global__ void __launch_bounds__(W * 32, 3) attention_chain_kernel(const SplitA
     const int64_t t = pair / a.hq;
     const int h = static_cast<int>(pair % a.hq), kvh = h / a.group;
     const int z = static_cast<int>(t / a.rows_per_block) * a.head_tiles + (h % a.group) / a.heads_per_block;
-    chain_wait<false>(&stage2[int64_t(z) * hkv + kvh], static_cast<unsigned>(a.nc));
+    chain_wait(&stage2[int64_t(z) * hkv + kvh], static_cast<unsigned>(a.nc));
     if constexpr (V == 4) {
       merge_pair<4, kMergeEarlyChunks, true>(a, pair, lane, merge_stage + warp * kMergeEarlyChunks * 128);
     } else {
