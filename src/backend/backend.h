@@ -206,14 +206,6 @@ class Backend {
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
                                   int64_t head_dim, const RopeTable& table, Tensor& k_dst, Tensor& v_dst);
-  // A layer's attention from its q/k/v projections: qk_norm_rope_store of the T new rows into
-  // cache rows kv_pos0 … kv_pos0 + T − 1, then attention of q over cache rows 0 … kv_len − 1
-  // (the queries at positions[0] …). One call, so that a backend may run it as one pass.
-  virtual void qk_norm_rope_attention(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
-                                      const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
-                                      int64_t head_dim, const RopeTable& table, const Tensor& k_cache,
-                                      const Tensor& v_cache, int64_t kv_pos0, int64_t kv_len, AttentionMask mask,
-                                      Tensor& out);
 };
 
 // The shape of several checkpoint tensors concatenated along rows (a fused projection; a 1-D

@@ -23,19 +23,13 @@
 // number, never how. The merge walks chunks 0, 1, … in order. Decode (T = 1) and
 // verification (T ≤ 32) therefore share one arithmetic, bit for bit.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
-#include <utility>
 
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/qk_norm_rope.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -602,11 +596,12 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
 // Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29; again,
 // staged through shared memory with this arithmetic: 7.67 against 6.22-6.25 ms, 2026-11-30.)
 constexpr int kMergeEarlyChunks = 16;
-// kStaged (V = 4): the early chunks' outputs wait in `stage` (shared memory, kEarly · 128
-// floats for this warp, each lane reading back only what it copied) instead of registers.
-template <int V, int kEarly = kMergeEarlyChunks, bool kStaged = false>
-__device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int lane, float* stage = nullptr) {
-  static_assert(!kStaged || V == 4, "merge_pair: staged chunks are copied 16 bytes a lane");
+template <int V>
+__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
+  grid_dependency_begin();
+  const int lane = threadIdx.x % 32;
+  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
+  if (pair >= a.T * a.hq) return;  // whole warps
   const int64_t t = pair / a.hq;
   const int n = static_cast<int>((visible_keys(t, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
   const float2* ml = a.part_ml + pair * a.nc;
@@ -616,13 +611,11 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
   for (int base = 0; base < a.D; base += 32 * V) {  // warp-uniform
     const int d0 = base + lane * V;
     const bool live = d0 < a.D;  // D % V == 0
-    float early[kStaged ? 1 : kEarly][V];
+    float early[kMergeEarlyChunks][V];
 #pragma unroll
-    for (int c = 0; c < kEarly; ++c)
+    for (int c = 0; c < kMergeEarlyChunks; ++c)
       if (c < n && live) {
-        if constexpr (kStaged) {
-          cp_async16(stage + c * 32 * V + lane * V, po + int64_t(c) * a.D + d0);
-        } else if constexpr (V == 4) {
+        if constexpr (V == 4) {
           const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(c) * a.D + d0));
           early[c][0] = o.x;
           early[c][1] = o.y;
@@ -632,7 +625,6 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
           early[c][0] = __ldcg(po + int64_t(c) * a.D + d0);
         }
       }
-    if constexpr (kStaged) cp_async_commit();
     float M = first.x;
     for (int c = lane + 32; c < n; c += 32) M = fmaxf(M, __ldcg(&ml[c].x));
     M = warp_max(M);
@@ -641,19 +633,17 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
     for (int e = 0; e < V; ++e) num[e] = 0.f;
     float2 x = first;  // chunks cb … cb + 31: lane l holds chunk cb + l's (max, sum)
     float w_lane = lane < n ? exp2f(x.x - M) : 0.f;
-    if constexpr (kStaged) cp_async_wait<0>();
 #pragma unroll
-    for (int c = 0; c < kEarly; ++c) {
+    for (int c = 0; c < kMergeEarlyChunks; ++c) {
       if (c >= n) break;  // warp-uniform
       const float w = __shfl_sync(0xffffffffu, w_lane, c), l = __shfl_sync(0xffffffffu, x.y, c);
       if (live) {
 #pragma unroll
-        for (int e = 0; e < V; ++e)
-          num[e] = fmaf(kStaged ? stage[c * 32 * V + lane * V + e] : early[kStaged ? 0 : c][e], w, num[e]);
+        for (int e = 0; e < V; ++e) num[e] = fmaf(early[c][e], w, num[e]);
       }
       den = fmaf(l, w, den);
     }
-    for (int c = kEarly; c < n; ++c) {
+    for (int c = kMergeEarlyChunks; c < n; ++c) {
       if (c % 32 == 0) {
         x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
         w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;
@@ -676,153 +666,6 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
     if (live) {
 #pragma unroll
       for (int e = 0; e < V; ++e) out[d0 + e] = __float2bfloat16_rn(n > 0 ? num[e] / den : 0.f);
-    }
-  }
-}
-
-template <int V>
-__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin();
-  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
-  if (pair >= a.T * a.hq) return;  // whole warps
-  merge_pair<V>(a, pair, threadIdx.x % 32);
-}
-
-// The attention chain: q/k-norm + RoPE + the cache store, the split blocks and the merge as
-// three stages of one launch, each stage's work waiting only for the results it reads, through
-// counters in device memory, instead of for the whole previous launch (a kernel boundary
-// costs 2.5-2.7 µs under PDL on an H200, a counter wait about half of it: `dflash doctor`).
-// Every value is computed by the same code as in the three launches (qk_norm_rope_unit,
-// split_chunk_mma, merge_pair), so the results are the same bits. Every block of the grid
-// must be resident at once (the host sizes the grid from the occupancy), since a block waits
-// for work that others do:
-// - stage 1, q/k-norm units (row, head) spread over all blocks, groups of qk_norm_unit_threads
-//   threads each taking one; each unit counts itself in its KV head's counter;
-// - stage 2, split units (chunk, KV head, tile) spread over the blocks; each waits for its KV
-//   head's stage-1 count (its queries and the new cache rows it may read), runs, and counts
-//   itself in its tile's counter;
-// - stage 3, a warp per (row, head) merge, waiting for its tile's count of chunks.
-// The next launch is triggered when a block leaves stage 2, as the merge launch triggered it
-// before. Counters start at zero; the last block to finish sets them back.
-struct ChainArgs {
-  QkNormRopeArgs qk;
-  unsigned* counters;  // [hkv] stage 1, [row_tiles · head_tiles · hkv] stage 2, [1] blocks done
-  int row_tiles;
-};
-
-__device__ __forceinline__ unsigned chain_load_acquire(const unsigned* p) {
-  unsigned v;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-#else
-  v = *reinterpret_cast<const volatile unsigned*>(p);
-  __threadfence();
-#endif
-  return v;
-}
-// Every thread that reads another block's results waits itself (an acquire each), so no fence
-// argument across threads is needed on the reading side.
-// A wait that cannot end (a block that never became resident) traps after seconds instead of
-// hanging the process.
-__device__ __forceinline__ void chain_wait(const unsigned* counter, unsigned target) {
-  for (unsigned spins = 0; chain_load_acquire(counter) < target; ++spins) {
-    if (spins == (1u << 24)) __trap();
-    __nanosleep(32);
-  }
-}
-// After a barrier, so every thread's writes before it are covered by thread 0's release.
-__device__ __forceinline__ void chain_count_in(unsigned* counter) {
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
-  }
-}
-
-// Three blocks an SM (80 registers a thread): the merge stages its early chunks in shared
-// memory instead of registers (chain_smem_bytes). The same sums in the same order.
-template <int W, int V>
-__global__ void __launch_bounds__(W * 32, 3) attention_chain_kernel(const SplitArgs a, const ChainArgs ch) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float qk_partial[8];
-  __shared__ float qk_normed[256];
-  grid_dependency_begin_wait_only();
-  const int hkv = ch.qk.hkv, tiles = ch.row_tiles * a.head_tiles;
-  unsigned* const stage1 = ch.counters;
-  unsigned* const stage2 = ch.counters + hkv;
-  unsigned* const blocks_done = stage2 + int64_t(tiles) * hkv;
-  const int64_t blocks = gridDim.x, block = blockIdx.x;
-
-  // Stage 1.
-  {
-    const int n = qk_norm_unit_threads(a.D), groups = W * 32 / n, group = threadIdx.x / n;
-    const int heads = ch.qk.hq + 2 * hkv;
-    const int64_t units = a.T * heads;
-    for (int64_t base = block * groups; base < units; base += blocks * groups) {  // block-uniform
-      const int64_t unit = group < groups && base + group < units ? base + group : -1;
-      qk_norm_rope_unit<true>(ch.qk, unit, threadIdx.x % n, n, qk_partial + group * (n / 32),
-                              qk_normed + group * n);
-      __syncthreads();
-      // Each group's unit counts itself in (its thread 0, after the barrier above).
-      if (unit >= 0 && threadIdx.x % n == 0) {
-        const int h = static_cast<int>(unit % heads);
-        const int kvh = h < ch.qk.hq ? h / a.group : h < ch.qk.hq + hkv ? h - ch.qk.hq : h - ch.qk.hq - hkv;
-        __threadfence();
-        atomicAdd(&stage1[kvh], 1u);
-      }
-    }
-  }
-
-  // Stage 2: unit u is chunk u % nc, KV head u / nc % hkv, tile u / (nc · hkv) (row tile, then
-  // head tile, as split_kernel's blockIdx.z).
-  const int64_t split_units = int64_t(a.nc) * hkv * tiles;
-  const unsigned stage1_target = static_cast<unsigned>(a.T * (a.group + 2));
-  for (int64_t u = block; u < split_units; u += blocks) {
-    const int c = static_cast<int>(u % a.nc), kvh = static_cast<int>(u / a.nc % hkv);
-    const int z = static_cast<int>(u / (int64_t(a.nc) * hkv));
-    const int row_tile = z / a.head_tiles, head_tile = z % a.head_tiles;
-    const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
-    const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
-    const int h_in_group = head_tile * a.heads_per_block;
-    const int hg = min(a.heads_per_block, a.group - h_in_group);
-    const int h_base = kvh * a.group + h_in_group;
-    const int64_t c0 = int64_t(c) * kChunk;
-    const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-    if (n_load > 0) {
-      chain_wait(&stage1[kvh], stage1_target);
-      split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-    }
-    __syncthreads();  // shared memory is reused by the next unit; the partials are written
-    chain_count_in(&stage2[int64_t(z) * hkv + kvh]);
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-
-  // Stage 3: a warp per (row, head); the split stage's shared memory holds the early chunks.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* const merge_stage = reinterpret_cast<float*>(smem);
-  const int64_t pairs = a.T * a.hq;
-  for (int64_t pair = block * W + warp; pair < pairs; pair += blocks * W) {
-    const int64_t t = pair / a.hq;
-    const int h = static_cast<int>(pair % a.hq), kvh = h / a.group;
-    const int z = static_cast<int>(t / a.rows_per_block) * a.head_tiles + (h % a.group) / a.heads_per_block;
-    chain_wait(&stage2[int64_t(z) * hkv + kvh], static_cast<unsigned>(a.nc));
-    if constexpr (V == 4) {
-      merge_pair<4, kMergeEarlyChunks, true>(a, pair, lane, merge_stage + warp * kMergeEarlyChunks * 128);
-    } else {
-      merge_pair<1, 4>(a, pair, lane);
-    }
-  }
-
-  // The last block out sets the counters back to zero for the next launch (every other block
-  // has made its last read of them before counting itself in here).
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(blocks_done, 1u) == unsigned(blocks - 1)) {
-      for (int i = 0; i < hkv; ++i) stage1[i] = 0;
-      for (int64_t i = 0; i < int64_t(tiles) * hkv; ++i) stage2[i] = 0;
-      *blocks_done = 0;
     }
   }
 }
@@ -863,134 +706,105 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
   return split_ml_bytes(T, hq, nc) + size_t(T * hq * nc * head_dim) * sizeof(float);
 }
 
-namespace {
-
-// The split path's arguments and grid for T ≤ kAttentionSplitMaxRows rows (nc > 0 chunks).
-struct SplitPlan {
-  SplitArgs a{};
-  int64_t row_tiles = 0;
-  int warps = kSplitWarps;
-  size_t smem = 0;
-};
-
-SplitPlan plan_split(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
-                     int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-                     bool causal, void* scratch) {
-  if (!scratch && attention_scratch_bytes(T, hq, head_dim, kv_len) > 0)
-    throw Error("cuda attention: the split path needs scratch (attention_scratch_bytes)");
-  const int64_t nc = split_chunks(kv_len);
-  if (nc > INT32_MAX) throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " too long");
-  const int D = static_cast<int>(head_dim);
-  SplitPlan plan;
-  SplitArgs& a = plan.a;
-  a.q = static_cast<const __nv_bfloat16*>(q);
-  a.k = static_cast<const __nv_bfloat16*>(k);
-  a.v = static_cast<const __nv_bfloat16*>(v);
-  a.ldq = ldq;
-  a.ldk = ldk;
-  a.ldv = ldv;
-  a.part_ml = static_cast<float2*>(scratch);
-  a.part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + split_ml_bytes(T, hq, nc));
-  a.out = static_cast<__nv_bfloat16*>(out);
-  a.ldo = ldo;
-  a.kv_len = kv_len;
-  a.q_pos0 = q_pos0;
-  a.T = T;
-  a.hq = static_cast<int>(hq);
-  a.group = static_cast<int>(hq / hkv);
-  a.D = D;
-  a.D8 = round_up8(D);
-  a.nc = static_cast<int>(nc);
-  a.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
-  a.causal = causal;
-  // 16-byte key loads need head_dim % 8 == 0 and 16-byte aligned rows and bases.
-  a.vec = head_dim % 8 == 0 && rows_aligned16(k, ldk, 2) && rows_aligned16(v, ldv, 2);
-  a.qvec = D % 8 == 0 && rows_aligned16(q, ldq, 2);
-  a.mma = a.vec && D % 16 == 0 && split_mma_enabled();
-  static const int diag = [] {
-    const char* e = std::getenv("DFLASH_ATTN_DIAG");
-    return e ? std::atoi(e) : 0;
-  }();
-  a.diag = diag;
-  if (nc == 0) return plan;
-  // Tiling decides only which block computes a (row, head, chunk), never how (see the file
-  // comment), so it may follow the shape freely. All heads of a group share a block (they
-  // share its K/V), then rows: few per block, since more blocks shorten the critical path
-  // (H200, 16-row verification at Qwen3-8B shapes, 2026-11-29: 16 queries a tile gave the
-  // fastest DFlash step; on CUDA cores 4, 8 and 32 were 2-10 % slower and 64 32 % slower,
-  // on the tensor cores 32 and 64 8 % and 18 % slower); the other row tiles re-read the
-  // chunk from L2. Only when that makes more than
-  // kSplitManyBlocks blocks (long contexts) do the tiles grow again, to save those re-reads.
-  const int max_q = split_max_queries(a.D8);
-  a.heads_per_block = std::min(a.group, max_q);
-  a.head_tiles = (a.group + a.heads_per_block - 1) / a.heads_per_block;
-  const int64_t max_rows = std::min<int64_t>(T, std::max(1, max_q / a.heads_per_block));
-  static const int tile_queries = [] {
-    const char* e = std::getenv("DFLASH_ATTN_TILE_QUERIES");  // measuring only
-    return e && std::atoi(e) > 0 ? std::atoi(e) : kSplitTileQueries;
-  }();
-  int64_t rows = std::min<int64_t>(max_rows, std::max(1, tile_queries / a.heads_per_block));
-  const int64_t per_row_tile = nc * hkv * a.head_tiles;
-  while (rows < max_rows && per_row_tile * ((T + rows - 1) / rows) > kSplitManyBlocks)
-    rows = std::min(max_rows, rows * 2);
-  a.rows_per_block = static_cast<int>(rows);
-  plan.row_tiles = (T + rows - 1) / rows;
-  const int nq = a.rows_per_block * a.heads_per_block;
-  plan.smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
-  static const int warps = [] {
-    const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
-    const int w = e ? std::atoi(e) : 0;
-    return w == 4 ? w : kSplitWarps;
-  }();
-  plan.warps = warps;
-  // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
-  static const cudaError_t opt_in = [] {
-    const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
-                                                    split_mma_smem_bytes(128, 64),
-                                                    split_mma_smem_bytes(kMaxHeadDim, 32)}));
-    for (auto* k : {split_kernel<4>, split_kernel<8>})
-      if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
-        return e;
-    for (auto* k : {attention_chain_kernel<kSplitWarps, 4>, attention_chain_kernel<kSplitWarps, 1>})
-      if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
-        return e;
-    return cudaSuccess;
-  }();
-  check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
-  return plan;
-}
-
-}  // namespace
-
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
                bool causal, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
-  const int D = static_cast<int>(head_dim);
+  const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
+  // 16-byte key loads need head_dim % 8 == 0 and 16-byte aligned rows and bases.
+  const bool vec = head_dim % 8 == 0 && rows_aligned16(k, ldk, 2) && rows_aligned16(v, ldv, 2);
+  const auto* qp = static_cast<const __nv_bfloat16*>(q);
+  const auto* kp = static_cast<const __nv_bfloat16*>(k);
+  const auto* vp = static_cast<const __nv_bfloat16*>(v);
+  auto* op = static_cast<__nv_bfloat16*>(out);
+  const int group = static_cast<int>(hq / hkv), D = static_cast<int>(head_dim);
 
   if (T <= kAttentionSplitMaxRows) {
-    const SplitPlan plan = plan_split(q, ldq, k, ldk, v, ldv, out, ldo, T, hq, hkv, head_dim, kv_len, q_pos0, causal,
-                                      scratch);
-    const SplitArgs& a = plan.a;
-    if (a.nc > 0) {
-      const dim3 grid(static_cast<unsigned>(a.nc), static_cast<unsigned>(hkv),
-                      static_cast<unsigned>(plan.row_tiles * a.head_tiles));
-      launch_kernel("attention", plan.warps == 4 ? split_kernel<4> : split_kernel<8>, grid, plan.warps * 32,
-                    plan.smem, s, a);
+    if (!scratch && attention_scratch_bytes(T, hq, head_dim, kv_len) > 0)
+      throw Error("cuda attention: the split path needs scratch (attention_scratch_bytes)");
+    const int64_t nc = split_chunks(kv_len);
+    if (nc > INT32_MAX) throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " too long");
+    SplitArgs a{};
+    a.q = qp;
+    a.k = kp;
+    a.v = vp;
+    a.ldq = ldq;
+    a.ldk = ldk;
+    a.ldv = ldv;
+    a.part_ml = static_cast<float2*>(scratch);
+    a.part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + split_ml_bytes(T, hq, nc));
+    a.out = op;
+    a.ldo = ldo;
+    a.kv_len = kv_len;
+    a.q_pos0 = q_pos0;
+    a.T = T;
+    a.hq = static_cast<int>(hq);
+    a.group = group;
+    a.D = D;
+    a.D8 = round_up8(D);
+    a.nc = static_cast<int>(nc);
+    a.scale_log2 = scale_log2;
+    a.causal = causal;
+    a.vec = vec;
+    a.qvec = D % 8 == 0 && rows_aligned16(q, ldq, 2);
+    a.mma = vec && D % 16 == 0 && split_mma_enabled();
+    static const int diag = [] {
+      const char* e = std::getenv("DFLASH_ATTN_DIAG");
+      return e ? std::atoi(e) : 0;
+    }();
+    a.diag = diag;
+    if (nc > 0) {
+      // Tiling decides only which block computes a (row, head, chunk), never how (see the file
+      // comment), so it may follow the shape freely. All heads of a group share a block (they
+      // share its K/V), then rows: few per block, since more blocks shorten the critical path
+      // (H200, 16-row verification at Qwen3-8B shapes, 2026-11-29: 16 queries a tile gave the
+      // fastest DFlash step; on CUDA cores 4, 8 and 32 were 2-10 % slower and 64 32 % slower,
+      // on the tensor cores 32 and 64 8 % and 18 % slower); the other row tiles re-read the
+      // chunk from L2. Only when that makes more than
+      // kSplitManyBlocks blocks (long contexts) do the tiles grow again, to save those re-reads.
+      const int max_q = split_max_queries(a.D8);
+      a.heads_per_block = std::min(group, max_q);
+      a.head_tiles = (group + a.heads_per_block - 1) / a.heads_per_block;
+      const int64_t max_rows = std::min<int64_t>(T, std::max(1, max_q / a.heads_per_block));
+      static const int tile_queries = [] {
+        const char* e = std::getenv("DFLASH_ATTN_TILE_QUERIES");  // measuring only
+        return e && std::atoi(e) > 0 ? std::atoi(e) : kSplitTileQueries;
+      }();
+      int64_t rows = std::min<int64_t>(max_rows, std::max(1, tile_queries / a.heads_per_block));
+      const int64_t per_row_tile = nc * hkv * a.head_tiles;
+      while (rows < max_rows && per_row_tile * ((T + rows - 1) / rows) > kSplitManyBlocks)
+        rows = std::min(max_rows, rows * 2);
+      a.rows_per_block = static_cast<int>(rows);
+      const int64_t row_tiles = (T + rows - 1) / rows;
+      const int nq = a.rows_per_block * a.heads_per_block;
+      const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
+      // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
+      static const int warps = [] {
+        const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
+        const int w = e ? std::atoi(e) : 0;
+        return w == 4 ? w : kSplitWarps;
+      }();
+      auto* kernel = warps == 4 ? split_kernel<4> : split_kernel<8>;
+      static const cudaError_t opt_in = [] {
+        const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
+                                                        split_mma_smem_bytes(128, 64),
+                                                        split_mma_smem_bytes(kMaxHeadDim, 32)}));
+        for (auto* k : {split_kernel<4>, split_kernel<8>})
+          if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
+            return e;
+        return cudaSuccess;
+      }();
+      check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
+      const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
+                      static_cast<unsigned>(row_tiles * a.head_tiles));
+      launch_kernel("attention", kernel, grid, warps * 32, smem, s, a);
     }
     launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
                   128, 0, s, a);
     return;
   }
 
-  const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
-  const bool vec = head_dim % 8 == 0 && rows_aligned16(k, ldk, 2) && rows_aligned16(v, ldv, 2);
-  const auto* qp = static_cast<const __nv_bfloat16*>(q);
-  const auto* kp = static_cast<const __nv_bfloat16*>(k);
-  const auto* vp = static_cast<const __nv_bfloat16*>(v);
-  auto* op = static_cast<__nv_bfloat16*>(out);
-  const int group = static_cast<int>(hq / hkv);
   const unsigned blocks = static_cast<unsigned>(T * hq);
   auto launch = [&](auto kernel) {
     launch_kernel("attention", kernel, blocks, kWarps * 32, 0, s, qp, ldq, kp, ldk, vp, ldv, op, ldo,
@@ -1001,68 +815,5 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
   else if (head_dim <= 128) launch(attention_kernel<4>);
   else launch(attention_kernel<8>);
 }
-
-namespace {
-std::atomic<int64_t> chain_launches{0};
-}  // namespace
-
-bool attention_chain(const ChainLaunch& c, cudaStream_t s) {
-  const int64_t T = c.rows, hq = c.hq, hkv = c.hkv, D = c.head_dim;
-  if (T == 0 || T > kAttentionSplitMaxRows || D > kMaxHeadDim || hq == 0 || hkv == 0 || hq % hkv || D % 2 ||
-      split_chunks(c.kv_len) == 0)
-    return false;
-  SplitPlan plan = plan_split(c.q, c.ldq, c.k_cache, c.ldk_cache, c.v_cache, c.ldv_cache, c.out, c.ldo, T, hq, hkv, D,
-                              c.kv_len, c.q_pos0, c.causal, c.scratch);
-  SplitArgs& a = plan.a;
-  // The chain runs split_chunk_mma with its queries copied asynchronously (through L2: they
-  // are written in the same launch), at the default warp count, measuring flags off.
-  if (!a.mma || !a.qvec || plan.warps != kSplitWarps || a.diag != 0) return false;
-  const int64_t tiles = plan.row_tiles * a.head_tiles;
-  if (size_t(hkv + tiles * hkv + 1) > c.counter_capacity) return false;
-  auto* kernel = a.D % 4 == 0 ? attention_chain_kernel<kSplitWarps, 4> : attention_chain_kernel<kSplitWarps, 1>;
-  // The split tile's shared memory, or the merge's staged chunks (8 warps × 16 chunks × 128
-  // floats) where that is more.
-  const size_t smem = std::max(plan.smem, a.D % 4 == 0 ? size_t(kSplitWarps) * kMergeEarlyChunks * 128 * 4 : 0);
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, size_t>, int> resident;  // blocks an SM, by kernel and shared memory
-  int per_sm = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto [it, fresh] = resident.try_emplace({reinterpret_cast<const void*>(kernel), smem}, 0);
-    if (fresh && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, kSplitWarps * 32, smem) !=
-                     cudaSuccess) {
-      (void)cudaGetLastError();
-      it->second = 0;
-    }
-    per_sm = it->second;
-  }
-  static const int sms = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return n;
-  }();
-  // Every block must be resident at once: a grid no larger than what the device holds with
-  // the largest tile's shared memory; split units beyond it are taken in turns.
-  const int64_t split_units = int64_t(a.nc) * hkv * tiles;
-  const int64_t blocks = std::min<int64_t>(split_units, int64_t(per_sm) * sms);
-  if (blocks <= 0) return false;
-  ChainArgs ch{};
-  ch.qk = QkNormRopeArgs{static_cast<__nv_bfloat16*>(c.q), c.ldq, static_cast<int>(hq),
-                         static_cast<const __nv_bfloat16*>(c.k_new), c.ldk_new,
-                         static_cast<const __nv_bfloat16*>(c.v_new), c.ldv_new, static_cast<int>(hkv), c.q_norm,
-                         c.k_norm, c.eps, static_cast<int>(D), c.positions, c.pos0, c.cos, c.sin,
-                         static_cast<__nv_bfloat16*>(c.k_dst), c.ldkd, static_cast<__nv_bfloat16*>(c.v_dst), c.ldvd};
-  ch.counters = c.counters;
-  ch.row_tiles = static_cast<int>(plan.row_tiles);
-  launch_kernel("attention_chain", kernel, static_cast<unsigned>(blocks), kSplitWarps * 32, smem, s, a, ch);
-  chain_launches.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
-int64_t attention_chain_launches() { return chain_launches.load(std::memory_order_relaxed); }
 
 }  // namespace dflash::cuda

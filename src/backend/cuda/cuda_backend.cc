@@ -114,10 +114,6 @@ class CudaBackend final : public Backend {
       check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
     check(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking), "init", "cudaStreamCreate");
     prof_ = OpProfiler::from_env(stream_);
-    chain_counters_ = pool_->allocate(kChainCounters * sizeof(unsigned), "init");
-    check(cudaMemset(chain_counters_.get(), 0, kChainCounters * sizeof(unsigned)), "init", "zeroing counters");
-    const char* chain = std::getenv("DFLASH_ATTN_CHAIN");
-    attention_chain_ = chain && std::string(chain) == "1";
   }
 
   ~CudaBackend() override {
@@ -421,11 +417,9 @@ class CudaBackend final : public Backend {
                positions[0], static_cast<const float*>(e.cos.get()), static_cast<const float*>(e.sin.get()), stream_);
   }
 
-  // qk_norm_rope_store's arguments checked; its device positions.
-  std::shared_ptr<void> check_qk_norm_rope_store(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                 const Tensor& q_norm, const Tensor& k_norm,
-                                                 const std::vector<int32_t>& positions, int64_t head_dim,
-                                                 const RopeTable& table, const Tensor& k_dst, const Tensor& v_dst) {
+  void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                          float eps, const std::vector<int32_t>& positions, int64_t head_dim, const RopeTable& table,
+                          Tensor& k_dst, Tensor& v_dst) override {
     const char* op = "qk_norm_rope_store";
     if (!q.empty()) expect(q, DType::BF16, op, "q");
     expect(k, DType::BF16, op, "k");
@@ -445,16 +439,7 @@ class CudaBackend final : public Backend {
     if (static_cast<int64_t>(positions.size()) != T)
       throw Error(std::string("cuda ") + op + ": " + std::to_string(positions.size()) + " positions for " +
                   std::to_string(T) + " rows");
-    return device_positions(positions, table, op);
-  }
-
-  void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                          float eps, const std::vector<int32_t>& positions, int64_t head_dim, const RopeTable& table,
-                          Tensor& k_dst, Tensor& v_dst) override {
-    const char* op = "qk_norm_rope_store";
-    const std::shared_ptr<void> dev_pos =
-        check_qk_norm_rope_store(q, k, v, q_norm, k_norm, positions, head_dim, table, k_dst, v_dst);
-    const int64_t T = k.rows;
+    const std::shared_ptr<void> dev_pos = device_positions(positions, table, op);
     if (T == 0) return;
     const int64_t hq = q.empty() ? 0 : q.cols / head_dim, hkv = k.cols / head_dim;
     OpTimer timer(prof_.get(), op, [&] {
@@ -469,8 +454,8 @@ class CudaBackend final : public Backend {
                              stream_);
   }
 
-  void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t head_dim,
-                       const Tensor& out) {
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
+                 AttentionMask mask, Tensor& out) override {
     expect(q, DType::BF16, "attention", "q");
     expect(k, DType::BF16, "attention", "k");
     expect(v, DType::BF16, "attention", "v");
@@ -484,101 +469,22 @@ class CudaBackend final : public Backend {
                                           std::to_string(hkv) + " key/value heads");
     if (kv_len < 0 || kv_len > k.rows || kv_len > v.rows)
       throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " beyond the cache (" + k.describe() + ")");
-  }
-
-  // The f32 partials of the split path, from the pool: freed when the caller returns, reused
-  // only by work queued behind the kernels that read them (one stream). The request grows with
-  // kv_len every 64 keys; rounded up to a power of two it maps to a few cached blocks instead
-  // of a synchronising cudaMalloc every 64 decode steps.
-  std::shared_ptr<void> attention_scratch(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len) {
-    std::shared_ptr<void> scratch;
-    if (const size_t bytes = attention_scratch_bytes(T, hq, head_dim, kv_len)) {
-      size_t rounded = 4096;
-      while (rounded < bytes) rounded *= 2;
-      scratch = pool_->allocate(rounded, "attention");
-    }
-    return scratch;
-  }
-
-  void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
-                 AttentionMask mask, Tensor& out) override {
-    check_attention(q, k, v, kv_len, head_dim, out);
-    const int64_t hq = q.cols / head_dim, hkv = k.cols / head_dim;
     OpTimer timer(prof_.get(), "attention", [&] {
       return "T" + std::to_string(q.rows) + " " + kv_bucket(kv_len) + " " + std::to_string(hq) + "/" +
              std::to_string(hkv) + "x" + std::to_string(head_dim) + (mask == AttentionMask::Causal ? " causal" : "");
     });
-    const std::shared_ptr<void> scratch = attention_scratch(q.rows, hq, head_dim, kv_len);
+    // The split path's f32 partials come from the pool: freed when this returns, reused only by
+    // work queued behind the kernels that read them (one stream). The request grows with kv_len
+    // every 64 keys; rounded up to a power of two it maps to a few cached blocks instead of a
+    // synchronising cudaMalloc every 64 decode steps.
+    std::shared_ptr<void> scratch;
+    if (const size_t bytes = attention_scratch_bytes(q.rows, hq, head_dim, kv_len)) {
+      size_t rounded = 4096;
+      while (rounded < bytes) rounded *= 2;
+      scratch = pool_->allocate(rounded, "attention");
+    }
     cuda::attention(q.data, q.ld, k.data, k.ld, v.data, v.ld, out.data, out.ld, q.rows, hq, hkv, head_dim, kv_len,
                     q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_);
-  }
-
-  // The chain (DFLASH_ATTN_CHAIN=1): the two ops as one launch (cuda::attention_chain), where
-  // the shape allows; the same bits as the two launches.
-  void qk_norm_rope_attention(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                              float eps, const std::vector<int32_t>& positions, int64_t head_dim,
-                              const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache, int64_t kv_pos0,
-                              int64_t kv_len, AttentionMask mask, Tensor& out) override {
-    const int64_t T = k.rows;
-    if (!attention_chain_ || q.empty() || T == 0 || T > cuda::kAttentionSplitMaxRows || kv_pos0 < 0 ||
-        kv_pos0 + T > k_cache.rows || kv_pos0 + T > v_cache.rows) {
-      Backend::qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, positions, head_dim, table, k_cache, v_cache,
-                                      kv_pos0, kv_len, mask, out);
-      return;
-    }
-    const Tensor k_dst = k_cache.slice_rows(kv_pos0, T), v_dst = v_cache.slice_rows(kv_pos0, T);
-    const std::shared_ptr<void> dev_pos =
-        check_qk_norm_rope_store(q, k, v, q_norm, k_norm, positions, head_dim, table, k_dst, v_dst);
-    check_attention(q, k_cache, v_cache, kv_len, head_dim, out);
-    const int64_t hq = q.cols / head_dim, hkv = k.cols / head_dim;
-    if (k_cache.cols / head_dim != hkv)
-      throw Error("cuda qk_norm_rope_attention: new k " + k.describe() + ", cache " + k_cache.describe());
-    OpTimer timer(prof_.get(), "attention_chain", [&] {
-      return "T" + std::to_string(T) + " " + kv_bucket(kv_len) + " " + std::to_string(hq) + "/" +
-             std::to_string(hkv) + "x" + std::to_string(head_dim) + (mask == AttentionMask::Causal ? " causal" : "");
-    });
-    const std::shared_ptr<void> scratch = attention_scratch(T, hq, head_dim, kv_len);
-    const RopeEntry& e = rope_table(table);
-    cuda::ChainLaunch c{};
-    c.q = q.data;
-    c.ldq = q.ld;
-    c.k_new = k.data;
-    c.ldk_new = k.ld;
-    c.v_new = v.data;
-    c.ldv_new = v.ld;
-    c.rows = T;
-    c.hq = hq;
-    c.hkv = hkv;
-    c.head_dim = head_dim;
-    c.q_norm = q_norm.ptr<float>();
-    c.k_norm = k_norm.ptr<float>();
-    c.eps = eps;
-    c.positions = static_cast<const int32_t*>(dev_pos.get());
-    c.pos0 = positions[0];
-    c.cos = static_cast<const float*>(e.cos.get());
-    c.sin = static_cast<const float*>(e.sin.get());
-    c.k_dst = k_dst.data;
-    c.ldkd = k_dst.ld;
-    c.v_dst = v_dst.data;
-    c.ldvd = v_dst.ld;
-    c.k_cache = k_cache.data;
-    c.ldk_cache = k_cache.ld;
-    c.v_cache = v_cache.data;
-    c.ldv_cache = v_cache.ld;
-    c.kv_len = kv_len;
-    c.q_pos0 = positions[0];
-    c.causal = mask == AttentionMask::Causal;
-    c.out = out.data;
-    c.ldo = out.ld;
-    c.scratch = scratch.get();
-    c.counters = static_cast<unsigned*>(chain_counters_.get());
-    c.counter_capacity = kChainCounters;
-    if (!cuda::attention_chain(c, stream_)) {
-      cuda::qk_norm_rope_store(q.data, q.ld, hq, k.data, k.ld, v.data, v.ld, hkv, c.q_norm, c.k_norm, eps, T, head_dim,
-                               c.positions, c.pos0, c.cos, c.sin, c.k_dst, c.ldkd, c.v_dst, c.ldvd, stream_);
-      cuda::attention(q.data, q.ld, k_cache.data, k_cache.ld, v_cache.data, v_cache.ld, out.data, out.ld, T, hq, hkv,
-                      head_dim, kv_len, c.q_pos0, c.causal, scratch.get(), stream_);
-    }
   }
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
@@ -1123,10 +1029,6 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<void> workspace_;
-  // The attention chain's counters (zeros between launches; one set, since one stream).
-  static constexpr size_t kChainCounters = 16384;
-  std::shared_ptr<void> chain_counters_;
-  bool attention_chain_ = false;
   void* staging_ = nullptr;  // pinned host memory, kStagingSlots × kStagingSlotBytes
   void* readback_ = nullptr;  // pinned host memory for results (read_back), grown on demand
   size_t readback_bytes_ = 0;

@@ -14,9 +14,6 @@ namespace dflash::cuda {
 
 // "NVIDIA H200, 132 SMs, 139.8 GiB, sm_90, driver 13.0" or "" when no GPU is visible.
 std::string device_summary();
-// How many attention chains (kernels.h, attention_chain; DFLASH_ATTN_CHAIN=1) this process has
-// launched: a test's proof that the chain ran rather than the two ops it stands for.
-int64_t attention_chain_launches();
 // Device-to-device copy bandwidth (bytes read + bytes written per second) over two buffers
 // of `bytes` each, the best of several timed copies after a warm-up.
 double copy_bandwidth(size_t bytes);

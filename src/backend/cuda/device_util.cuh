@@ -141,15 +141,6 @@ __device__ __forceinline__ void grid_dependency_begin() {
 #endif
 }
 
-// The wait alone, for a kernel that triggers its dependents later itself
-// (griddepcontrol.launch_dependents): the attention chain, whose dependents must not start
-// streaming weights while its short stages run.
-__device__ __forceinline__ void grid_dependency_begin_wait_only() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // Dispatches a functor templated on the element type named by `e`.
 template <typename F>
 void dispatch_elem(Elem e, F&& f) {

@@ -120,43 +120,6 @@ void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, fl
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, void* scratch,
                  cudaStream_t s);
-// qk_norm_rope_store of `rows` new rows (k_new, v_new into k_dst, v_dst: the cache rows they
-// take), then attention of the rotated q over cache rows 0 … kv_len − 1, as one launch whose
-// stages wait for each other through `counters` (zeros, counter_capacity of them, left zero;
-// one set per stream). Returns false, launching nothing, where the shape or the build does not
-// allow it (then the caller runs the two ops). Every value equals the two ops' bit for bit.
-struct ChainLaunch {
-  void* q;
-  int64_t ldq;
-  const void* k_new;
-  int64_t ldk_new;
-  const void* v_new;
-  int64_t ldv_new;
-  int64_t rows, hq, hkv, head_dim;
-  const float* q_norm;
-  const float* k_norm;
-  float eps;
-  const int32_t* positions;
-  int64_t pos0;
-  const float* cos;
-  const float* sin;
-  void* k_dst;
-  int64_t ldkd;
-  void* v_dst;
-  int64_t ldvd;
-  const void* k_cache;
-  int64_t ldk_cache;
-  const void* v_cache;
-  int64_t ldv_cache;
-  int64_t kv_len, q_pos0;
-  bool causal;
-  void* out;
-  int64_t ldo;
-  void* scratch;  // attention_scratch_bytes(rows, hq, head_dim, kv_len)
-  unsigned* counters;
-  size_t counter_capacity;
-};
-bool attention_chain(const ChainLaunch& c, cudaStream_t s);
 // Backend::qk_norm_rope_store on bf16 q [rows, hq·D] (in place; hq may be 0), k and v
 // [rows, hkv·D] into k_dst and v_dst; f32 norm weights [D]; positions as in rope().
 void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t ldk, const void* v, int64_t ldv,

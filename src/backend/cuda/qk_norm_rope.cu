@@ -9,16 +9,52 @@
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/qk_norm_rope.cuh"
 
 namespace dflash::cuda {
 namespace {
 
-__global__ void qk_norm_rope_store_kernel(const QkNormRopeArgs a) {
+__global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq, const __nv_bfloat16* k,
+                                          int64_t ldk, const __nv_bfloat16* v, int64_t ldv, int hkv,
+                                          const float* q_norm, const float* k_norm, float eps, int D,
+                                          const int32_t* positions, int64_t pos0, const float* cos,
+                                          const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
+                                          __nv_bfloat16* v_dst, int64_t ldvd) {
   grid_dependency_begin();
+  const int heads = hq + 2 * hkv;
+  const int64_t r = blockIdx.x / heads;
+  const int h = blockIdx.x % heads;
+  if (h >= hq + hkv) {  // a v head: stored as is
+    const int hv = h - hq - hkv;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) v_dst[r * ldvd + int64_t(hv) * D + i] = v[r * ldv + int64_t(hv) * D + i];
+    return;
+  }
+  const bool is_q = h < hq;
+  const __nv_bfloat16* in = is_q ? q + r * ldq + int64_t(h) * D : k + r * ldk + int64_t(h - hq) * D;
+  __nv_bfloat16* out = is_q ? q + r * ldq + int64_t(h) * D : k_dst + r * ldkd + int64_t(h - hq) * D;
+  const float* w = is_q ? q_norm : k_norm;
+
+  // The same block size and reduction as rms_norm_kernel with group = D.
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float x = __bfloat162float(in[i]);
+    ss += x * x;
+  }
   __shared__ float partial[32];
   __shared__ float normed[512];
-  qk_norm_rope_unit<false>(a, blockIdx.x, threadIdx.x, blockDim.x, partial, normed);
+  const float total = block_sum(ss, partial);
+  const float inv = rsqrtf(total / static_cast<float>(D) + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x)
+    normed[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (__bfloat162float(in[i]) * inv)));
+  __syncthreads();  // q is rotated in place: every read of the head comes before any write
+
+  const int half = D / 2;
+  const int64_t p = positions ? positions[r] : pos0 + r;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const float c = cos[p * half + j], s = sin[p * half + j];
+    const float a = normed[j], b = normed[j + half];
+    out[j] = __float2bfloat16_rn(a * c - b * s);
+    out[j + half] = __float2bfloat16_rn(b * c + a * s);
+  }
 }
 
 }  // namespace
@@ -30,12 +66,12 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
   if (head_dim > 512 || head_dim % 2) throw Error("cuda qk_norm_rope_store: head_dim " + std::to_string(head_dim));
   const int64_t blocks = rows * (hq + 2 * hkv);
   if (blocks == 0) return;
-  const QkNormRopeArgs a{static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
-                         static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
-                         static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
-                         static_cast<__nv_bfloat16*>(v_dst), ldvd};
-  launch_kernel("qk_norm_rope_store", qk_norm_rope_store_kernel, static_cast<unsigned>(blocks),
-                qk_norm_unit_threads(static_cast<int>(head_dim)), 0, s, a);
+  const int threads = static_cast<int>(std::min<int64_t>(256, (head_dim + 31) / 32 * 32));
+  launch_kernel("qk_norm_rope_store", qk_norm_rope_store_kernel, static_cast<unsigned>(blocks), threads, 0, s,
+      static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
+      static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
+      static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
+      static_cast<__nv_bfloat16*>(v_dst), ldvd);
 }
 
 }  // namespace dflash::cuda
