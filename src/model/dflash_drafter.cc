@@ -191,14 +191,22 @@ std::unique_ptr<DFlashDrafter> DFlashDrafter::load(const std::string& dir, const
   d->fc_ = b.upload_weight({&ckpt.get("fc.weight", {H, K * target.config().hidden_size})});
   d->hidden_norm_ = b.upload_weight({&ckpt.get("hidden_norm.weight", {H})});
   d->final_norm_ = b.upload_weight({&ckpt.get("norm.weight", {H})});
-  for (int i = 0; i < c.num_hidden_layers; ++i)
-    d->layers_.push_back(load_decoder_layer(ckpt, b, c, "layers." + std::to_string(i) + ".", /*context_kv=*/true));
+  const int64_t kv_rows = int64_t(c.num_key_value_heads) * c.head_dim;
+  std::vector<const TensorInfo*> context_kv;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string prefix = "layers." + std::to_string(i) + ".";
+    d->layers_.push_back(load_decoder_layer(ckpt, b, c, prefix));
+    for (const char* name : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"})
+      context_kv.push_back(&ckpt.get(prefix + name, {kv_rows, H}));
+  }
+  d->context_kv_proj_ = b.upload_weight(context_kv);
   ckpt.check_all_used();
   return d;
 }
 
 int64_t DFlashDrafter::weight_bytes_per_step() const {
-  int64_t total = fc_.nbytes() + hidden_norm_.nbytes() + final_norm_.nbytes() + target_.lm_head_bytes();
+  int64_t total = fc_.nbytes() + hidden_norm_.nbytes() + final_norm_.nbytes() + context_kv_proj_.nbytes() +
+                  target_.lm_head_bytes();
   for (const auto& l : layers_) total += weight_bytes(l);
   return total;
 }
@@ -227,9 +235,11 @@ void DFlashDrafter::add_context(SequenceState& state, const Tensor& features) {
   b.rms_norm(projected, hidden_norm_, static_cast<float>(c.rms_norm_eps), H, ctx);
   std::vector<int32_t> pos(m);
   for (int64_t i = 0; i < m; ++i) pos[i] = static_cast<int32_t>(state.length() + i);
-  Tensor kv_scratch = b.alloc(m, 2 * int64_t(c.num_key_value_heads) * c.head_dim, dt);
+  const int64_t kv_cols = 2 * int64_t(c.num_key_value_heads) * c.head_dim;
+  Tensor kv = b.alloc(m, kv_cols * int64_t(layers_.size()), dt);
+  b.matmul(ctx, context_kv_proj_, kv);
   for (size_t l = 0; l < layers_.size(); ++l)
-    write_kv(b, layers_[l], c, rope_, ctx, pos, state.kv(l), state.length(), kv_scratch);
+    store_kv(b, layers_[l], c, rope_, kv.slice_cols(int64_t(l) * kv_cols, kv_cols), pos, state.kv(l), state.length());
   state.advance(m);
 }
 

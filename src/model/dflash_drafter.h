@@ -42,7 +42,8 @@ class DFlashDrafter {
 
   const DrafterConfig& config() const { return config_; }
   // Weight bytes one drafting step streams: the drafter's layers and fc, and the target's LM
-  // head again (borrowed for the block's logits). Context rows add a k/v projection per layer.
+  // head again (borrowed for the block's logits). Context rows add every layer's k/v
+  // projection (context_kv_proj_).
   int64_t weight_bytes_per_step() const;
   SequenceState new_sequence(int64_t capacity) const;
 
@@ -61,6 +62,9 @@ class DFlashDrafter {
   DrafterConfig config_;
   RopeTable rope_;
   Tensor fc_, hidden_norm_, final_norm_;
+  // Every layer's k_proj then v_proj rows, layer after layer: the context rows are the same
+  // for all layers (hidden_norm(fc(features))), so one product projects them for all of them.
+  Tensor context_kv_proj_;
   std::vector<DecoderLayerWeights> layers_;
 };
 

@@ -10,7 +10,7 @@
 namespace dflash {
 
 DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3Config& c,
-                                       const std::string& prefix, bool context_kv) {
+                                       const std::string& prefix) {
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int64_t q_rows = int64_t(c.num_attention_heads) * D, kv_rows = int64_t(c.num_key_value_heads) * D;
   auto one = [&](const std::string& name, std::vector<int64_t> shape) {
@@ -23,7 +23,6 @@ DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3
   w.input_norm = one("input_layernorm.weight", {H});
   w.post_attention_norm = one("post_attention_layernorm.weight", {H});
   w.qkv_proj = b.upload_weight({&q, &k, &v});
-  if (context_kv) w.kv_proj = b.upload_weight({&k, &v});
   w.q_norm = one("self_attn.q_norm.weight", {D});
   w.k_norm = one("self_attn.k_norm.weight", {D});
   w.o_proj = one("self_attn.o_proj.weight", {H, q_rows});
@@ -35,7 +34,7 @@ DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3
 
 int64_t weight_bytes(const DecoderLayerWeights& w) {
   int64_t total = 0;
-  for (const Tensor* t : {&w.input_norm, &w.post_attention_norm, &w.qkv_proj, &w.kv_proj, &w.q_norm, &w.k_norm,
+  for (const Tensor* t : {&w.input_norm, &w.post_attention_norm, &w.qkv_proj, &w.q_norm, &w.k_norm,
                           &w.o_proj, &w.gate_up_proj, &w.down_proj})
     total += t->nbytes();
   return total;
@@ -52,13 +51,11 @@ DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t ro
   return s;
 }
 
-void write_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
-              const Tensor& h, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0,
-              Tensor& kv_scratch) {
-  const int64_t T = h.rows, D = c.head_dim, kv_cols = int64_t(c.num_key_value_heads) * D;
-  if (w.kv_proj.empty()) throw Error("write_kv: layer loaded without its context k/v projection");
-  Tensor kv = kv_scratch.slice_rows(0, T);
-  b.matmul(h, w.kv_proj, kv);
+void store_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
+              const Tensor& kv, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0) {
+  const int64_t T = kv.rows, D = c.head_dim, kv_cols = int64_t(c.num_key_value_heads) * D;
+  if (kv.cols != 2 * kv_cols)
+    throw Error("store_kv: " + kv.describe() + " for " + std::to_string(kv_cols) + " key and value columns");
   Tensor none, k_dst = cache.k.slice_rows(pos0, T), v_dst = cache.v.slice_rows(pos0, T);
   b.qk_norm_rope_store(none, kv.slice_cols(0, kv_cols), kv.slice_cols(kv_cols, kv_cols), w.q_norm, w.k_norm,
                        static_cast<float>(c.rms_norm_eps), positions, D, rope, k_dst, v_dst);

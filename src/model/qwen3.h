@@ -17,7 +17,6 @@ namespace dflash {
 struct DecoderLayerWeights {
   Tensor input_norm, post_attention_norm;
   Tensor qkv_proj;  // q, k then v rows: one product for all three
-  Tensor kv_proj;   // k then v rows; only for layers that also project context rows (the drafter)
   Tensor q_norm, k_norm;
   Tensor o_proj;
   Tensor gate_up_proj, down_proj;  // gate_up: gate then up rows
@@ -26,12 +25,11 @@ struct DecoderLayerWeights {
 class Checkpoint;
 
 // Loads one Qwen3-style decoder layer under `prefix` ("model.layers.3." or "layers.3.").
-// Bytes of every weight of a layer (kv_proj included when loaded): what one pass streams.
+// Bytes of every weight of a layer: what one pass streams.
 int64_t weight_bytes(const DecoderLayerWeights& w);
 
-// `context_kv` also loads kv_proj for write_kv().
 DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& backend, const Qwen3Config& c,
-                                       const std::string& prefix, bool context_kv = false);
+                                       const std::string& prefix);
 
 struct ForwardOutput {
   Tensor logits;    // [rows asked for, vocab]
@@ -98,10 +96,10 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
                                  AttentionMask mask, DecoderScratch& s);
 DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows);
 
-// Writes k_norm(k_proj(h)) with RoPE and v_proj(h) into cache rows pos0 … pos0 + T − 1
-// (layers loaded with context_kv).
-void write_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
-              const Tensor& h, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0,
-              Tensor& kv_scratch);
+// Stores T rows' keys and values, given their projections kv = [k_proj(h) | v_proj(h)]
+// ([T, 2 · kv heads · head_dim]): k_norm and RoPE at `positions` on the keys, then both into
+// cache rows pos0 … pos0 + T − 1.
+void store_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
+              const Tensor& kv, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0);
 
 }  // namespace dflash
