@@ -7,6 +7,8 @@
 #   scripts/gpu_run.sh            # all steps
 #   STEPS="build doctor" scripts/gpu_run.sh
 #   STEPS="build bench ab" AB="DFLASH_CUDA_PDL=0|" scripts/gpu_run.sh   # A/B under settings
+#   STEPS="build bench ab" AB="||" AB_TREE=ab_prev scripts/gpu_run.sh   # A/B of a code change: ab_prev holds
+#                                             # the changed files as they were (an untracked folder)
 #   DOCTOR_ARGS=--bandwidth-sweep STEPS="build doctor" scripts/gpu_run.sh   # read-bandwidth sweep too
 #   STEPS="build tests" TEST_AB="DFLASH_CUDA_PDL=0" scripts/gpu_run.sh   # tests again under settings
 #   STEPS="build ncu" NCU_SOURCE="split_kernel:5" scripts/gpu_run.sh   # Nsight Compute (step "ncu")
@@ -101,6 +103,20 @@ if has build; then
   [[ -x "$BUILD/dflash" && -x "$BUILD/tests/dflash_tests" ]] || { echo "build FAILED"; exit 1; }
   echo "built in $(( $(date +%s) - t0 )) s"
   rm -f "$OUT/configure.txt"
+  if [[ -n ${AB_TREE:-} ]]; then
+    # A second `dflash` from this tree with AB_TREE's files laid over it (the code before a
+    # change, say): the ab step runs both, alternating, so a code change gets its A/B in one run.
+    step "configure + build the B tree (this tree with $AB_TREE over it)"
+    rm -rf /tmp/ab-tree && mkdir -p /tmp/ab-tree
+    tar --exclude="./$BUILD" --exclude=./.debs --exclude="./$AB_TREE" -cf - . | tar -C /tmp/ab-tree -xf -
+    cp -r "$AB_TREE"/. /tmp/ab-tree/
+    cmake -S /tmp/ab-tree -B /tmp/ab-tree/build -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${CMAKE_DEPS[@]}" >/tmp/ab-configure.txt 2>&1 \
+      || { tail -20 /tmp/ab-configure.txt; echo "B configure FAILED"; exit 1; }
+    cmake --build /tmp/ab-tree/build -j"$JOBS" --target dflash >/tmp/ab-build.log 2>&1 \
+      || { grep -E "error" /tmp/ab-build.log | head -20; echo "B build FAILED"; exit 1; }
+    echo "B built"
+  fi
 fi
 
 if has tests; then
@@ -135,13 +151,18 @@ if has pycode; then
   if [[ -f models/qwen3-pycode-15m/config.json ]]; then
     # PYCODE_AB ("|"-separated settings, as AB below) runs the pair again under each.
     IFS='|' read -ra pycode_settings <<<"${PYCODE_AB:-}"
+    # With AB_TREE (see build), the B binary runs each setting too, right after the A one.
+    pycode_binaries=("$BUILD/dflash")
+    [[ -n ${AB_TREE:-} ]] && pycode_binaries+=(/tmp/ab-tree/build/dflash)
     for setting in "" "${pycode_settings[@]}"; do
       setting_words "$setting"
       for mode in --no-adaptive ""; do  # block 16 fixed, then as the controller chooses
-        echo "--- ${mode:-adaptive} ${setting:-default}" | tee -a "$OUT/bench_pycode.txt"
-        env "${words[@]}" timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
-          --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 $mode 2>&1 \
-          | grep -vE "^line " | tee -a "$OUT/bench_pycode.txt"
+        for bin in "${pycode_binaries[@]}"; do
+          echo "--- ${mode:-adaptive} ${setting:-default}${AB_TREE:+ ($bin)}" | tee -a "$OUT/bench_pycode.txt"
+          env "${words[@]}" timeout 90 "$bin" bench --device cuda --model models/qwen3-pycode-15m \
+            --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 $mode 2>&1 \
+            | grep -vE "^line " | tee -a "$OUT/bench_pycode.txt"
+        done
       done
     done
   fi
@@ -189,12 +210,16 @@ if has ab; then
   # environment assignments, an empty one the default build): the A/B of a change in one run.
   step "A/B at Qwen3-8B shapes: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_ATTN_MMA=0|}"
   IFS='|' read -ra settings <<<"$AB|"
+  binaries=("$BUILD/dflash")
+  [[ -n ${AB_TREE:-} ]] && binaries+=(/tmp/ab-tree/build/dflash)
   for setting in "${settings[@]}"; do
-    echo "--- ${setting:-default}"
-    setting_words "$setting"
-    env "${words[@]}" timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
-      --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
-      | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs"
+    for bin in "${binaries[@]}"; do
+      echo "--- ${setting:-default}${AB_TREE:+ ($bin)}"
+      setting_words "$setting"
+      env "${words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
+        --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
+        | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs"
+    done
   done
 fi
 
