@@ -83,15 +83,28 @@ SyncCosts sync_costs(int steps, int blocks_per_sm) {
   r.blocks = sms * blocks_per_sm;
   r.steps = steps;
   const int threads = 256;
-  unsigned* buf = nullptr;
-  check(cudaMalloc(&buf, sizeof(unsigned) * (2 * size_t(r.blocks) + 1)), "sync_costs", "cudaMalloc");
+  // Released however this returns (a check below throws on a CUDA error part-way).
+  struct Resources {
+    unsigned* buf = nullptr;
+    cudaStream_t s = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    ~Resources() {
+      if (s) cudaStreamSynchronize(s);
+      if (e0) cudaEventDestroy(e0);
+      if (e1) cudaEventDestroy(e1);
+      if (s) cudaStreamDestroy(s);
+      if (buf) cudaFree(buf);
+    }
+  } res;
+  check(cudaMalloc(&res.buf, sizeof(unsigned) * (2 * size_t(r.blocks) + 1)), "sync_costs", "cudaMalloc");
+  unsigned* const buf = res.buf;
   check(cudaMemset(buf, 0, sizeof(unsigned) * (2 * size_t(r.blocks) + 1)), "sync_costs", "cudaMemset");
   unsigned *a = buf, *b = buf + r.blocks, *arrived = buf + 2 * r.blocks;
-  cudaStream_t s = nullptr;
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "sync_costs", "cudaStreamCreate");
-  check(cudaEventCreate(&e0), "sync_costs", "cudaEventCreate");
-  check(cudaEventCreate(&e1), "sync_costs", "cudaEventCreate");
+  check(cudaStreamCreateWithFlags(&res.s, cudaStreamNonBlocking), "sync_costs", "cudaStreamCreate");
+  check(cudaEventCreate(&res.e0), "sync_costs", "cudaEventCreate");
+  check(cudaEventCreate(&res.e1), "sync_costs", "cudaEventCreate");
+  const cudaStream_t s = res.s;
+  const cudaEvent_t e0 = res.e0, e1 = res.e1;
 
   // The best of three timed runs after a warm-up run, in µs per step.
   auto best_us = [&](auto&& run) {
@@ -142,10 +155,6 @@ SyncCosts sync_costs(int steps, int blocks_per_sm) {
             "sync_costs", "cooperative kernel launch");
     });
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaStreamDestroy(s);
-  cudaFree(buf);
   return r;
 }
 
