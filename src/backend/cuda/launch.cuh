@@ -7,8 +7,12 @@
 // are checked here. DFLASH_CUDA_PDL=0 turns it off, to measure against.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -45,10 +49,41 @@ inline bool op_listed(OpList which, const char* op) {
   return !list.empty() && list.find("," + std::string(op) + ",") != std::string::npos;
 }
 
+// Measuring only, read once: DFLASH_CUDA_CARVEOUT="op=N;op=N" asks, for those ops' kernels, for N
+// percent of the SM's unified L1 / shared memory as shared memory
+// (cudaFuncAttributePreferredSharedMemoryCarveout, a hint), instead of the driver's choice.
+inline int carveout_for(const char* op) {
+  static const std::map<std::string, int> table = [] {
+    std::map<std::string, int> t;
+    const char* e = std::getenv("DFLASH_CUDA_CARVEOUT");
+    std::string list = e ? e : "";
+    for (size_t start = 0; start < list.size();) {
+      const size_t end = std::min(list.find(';', start), list.size());
+      const std::string item = list.substr(start, end - start);
+      if (const size_t eq = item.rfind('='); eq != std::string::npos)
+        t[item.substr(0, eq)] = std::atoi(item.c_str() + eq + 1);
+      start = end + 1;
+    }
+    return t;
+  }();
+  const auto it = table.find(op);
+  return it == table.end() ? -1 : it->second;
+}
+template <typename Kernel>
+void apply_carveout(Kernel kernel, int percent, const char* op) {
+  static std::mutex mutex;
+  static std::set<const void*> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.insert(reinterpret_cast<const void*>(kernel)).second)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent), op,
+          "cudaFuncSetAttribute (carveout)");
+}
+
 template <typename... Params, typename... Args>
 void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    Args&&... args) {
   if (op_listed(OpList::NoOp, op)) return;
+  if (const int c = carveout_for(op); c >= 0) apply_carveout(kernel, c, op);
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
