@@ -69,12 +69,11 @@ inline int carveout_for(const char* op) {
   const auto it = table.find(op);
   return it == table.end() ? -1 : it->second;
 }
-template <typename Kernel>
-void apply_carveout(Kernel kernel, int percent, const char* op) {
+inline void apply_carveout(const void* kernel, int percent, const char* op) {
   static std::mutex mutex;
-  static std::set<const void*> done;
+  static std::set<const void*> done;  // set once per kernel
   std::lock_guard<std::mutex> lock(mutex);
-  if (done.insert(reinterpret_cast<const void*>(kernel)).second)
+  if (done.insert(kernel).second)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent), op,
           "cudaFuncSetAttribute (carveout)");
 }
@@ -83,7 +82,7 @@ template <typename... Params, typename... Args>
 void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    Args&&... args) {
   if (op_listed(OpList::NoOp, op)) return;
-  if (const int c = carveout_for(op); c >= 0) apply_carveout(kernel, c, op);
+  if (const int c = carveout_for(op); c >= 0) apply_carveout(reinterpret_cast<const void*>(kernel), c, op);
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
