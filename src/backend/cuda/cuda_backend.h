@@ -36,6 +36,11 @@ double read_bandwidth(size_t window, size_t total, int flavour = 0, int unroll =
 // chunks 4 stages; 4-warp blocks); 6, 7, 8 variant 0 with the load flavours 1, 2, 3 of
 // read_bandwidth.
 double rows_read_bandwidth(int N, int K, int S, int launches, int variant);
+// Microseconds to read `bytes` once (the best of five) after L2 was flushed and then, by mode:
+// 0 nothing; 1 a bulk prefetch into L2 (as the products stage a weight) and a 50 µs pause;
+// 2 a per-line prefetch (evict_last) and the pause; 3 a read and the pause (L2 holds what it
+// can); 4 a bulk prefetch launched right before the read.
+double l2_stage_probe(size_t bytes, int mode);
 
 // What one dependency between two steps costs with no work in the way (sync_cost.cu): µs per
 // step of `steps` steps over blocks_per_sm × SMs blocks of 256 threads, each step a kernel in
