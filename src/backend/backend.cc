@@ -344,20 +344,6 @@ void Backend::qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, co
   copy(v, v_dst);
 }
 
-void Backend::matmul_qkv_rope_store(const NormedRows& in, const Tensor& w_qkv, Tensor& qkv, int64_t kv_heads,
-                                    const Tensor& q_norm, const Tensor& k_norm, float eps,
-                                    const std::vector<int32_t>& positions, int64_t head_dim,
-                                    const RopeTable& table, Tensor& k_dst, Tensor& v_dst) {
-  const int64_t kv_cols = kv_heads * head_dim, q_cols = qkv.cols - 2 * kv_cols;
-  if (kv_heads <= 0 || head_dim <= 0 || q_cols < 0 || q_cols % head_dim)
-    throw Error("matmul_qkv_rope_store: " + qkv.describe() + " is not q heads and " + std::to_string(kv_heads) +
-                " k and v heads of " + std::to_string(head_dim));
-  matmul_normed(in, w_qkv, qkv);
-  Tensor q = qkv.slice_cols(0, q_cols);
-  qk_norm_rope_store(q, qkv.slice_cols(q_cols, kv_cols), qkv.slice_cols(q_cols + kv_cols, kv_cols), q_norm, k_norm,
-                     eps, positions, head_dim, table, k_dst, v_dst);
-}
-
 FusedWeightShape fused_weight_shape(const std::vector<const TensorInfo*>& parts) {
   FusedWeightShape f;
   int64_t cols = -1;

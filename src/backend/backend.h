@@ -201,14 +201,6 @@ class Backend {
   // act [T, I] = silu(x · w_gateᵀ) ⊙ (x · w_upᵀ) for w_gate_up [2I, K] (gate rows, then up
   // rows), each product rounded to the activation dtype first: matmul, then silu_mul.
   virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& act);
-  // A layer's attention inputs: qkv = in · w_qkvᵀ, whose columns are q heads, then kv_heads k
-  // heads, then kv_heads v heads of head_dim; then qk_norm_rope_store on them (q, qkv's first
-  // columns, normed and rotated in place; k into k_dst, v into v_dst). qkv's k and v columns are
-  // left undefined: a backend may store those heads only in the cache.
-  virtual void matmul_qkv_rope_store(const NormedRows& in, const Tensor& w_qkv, Tensor& qkv, int64_t kv_heads,
-                                     const Tensor& q_norm, const Tensor& k_norm, float eps,
-                                     const std::vector<int32_t>& positions, int64_t head_dim,
-                                     const RopeTable& table, Tensor& k_dst, Tensor& v_dst);
   // Per head of head_dim: q ← rope(rms_norm(q; q_norm)) in place (skipped when q is empty),
   // k_dst ← rope(rms_norm(k; k_norm)), v_dst ← v. Positions as in rope().
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,

@@ -349,61 +349,6 @@ class Doctor {
            got, want, tol_for(dt), us);
   }
 
-  // A layer's attention inputs in one op: norm_rows, then the qkv product with q/k-norm, RoPE
-  // and the cache store (the CUDA backend does them in the product's epilogue for M <= 32):
-  // q, k and v against the CPU, and bitwise against the test backend's two-op composition.
-  void qkv_rope_store(int64_t M, int64_t H, int64_t hq, int64_t hkv, int64_t D, int32_t pos0) {
-    RopeConfig c;
-    c.theta = 1e6;
-    RopeTable table(c, int(D));
-    table.ensure(pos0 + M);
-    std::vector<int32_t> positions(static_cast<size_t>(M));
-    for (int64_t i = 0; i < M; ++i) positions[size_t(i)] = pos0 + int32_t(i);
-    const int64_t cols = (hq + 2 * hkv) * D, kv_cols = hkv * D;
-    const DType dt = t_.activation_dtype();
-    const auto x0 = random(M * H, 3.0f);
-    auto [nt, nr] = weight(1, H, 2.0f, /*vector=*/true);
-    auto [wt, wr] = weight(cols, H, 1.0f / std::sqrt(float(H)));
-    auto [qnt, qnr] = weight(1, D, 1.0f, true);
-    auto [knt, knr] = weight(1, D, 1.0f, true);
-    auto run = [&](Backend& b, bool composed, const Tensor& nw, const Tensor& w, const Tensor& qn, const Tensor& kn,
-                   const Tensor& x, Tensor& qkv, Tensor& k, Tensor& v) {
-      NormedRows normed;
-      normed.h = b.alloc(M, H, b.activation_dtype());
-      b.norm_rows(x, nw, 1e-6f, normed);
-      if (composed) b.Backend::matmul_qkv_rope_store(normed, w, qkv, hkv, qn, kn, 1e-6f, positions, D, table, k, v);
-      else b.matmul_qkv_rope_store(normed, w, qkv, hkv, qn, kn, 1e-6f, positions, D, table, k, v);
-    };
-    const Tensor xt = to_test(x0, M, H, DType::F32), xr = r_.upload(x0.data(), M, H);
-    auto outputs = [&](Backend& b, bool composed, const Tensor& nw, const Tensor& w, const Tensor& qn,
-                       const Tensor& kn, const Tensor& x) {
-      const bool test = &b == &t_;
-      Tensor qkv = test ? poisoned(M, cols, dt) : b.alloc(M, cols, b.activation_dtype());
-      Tensor k = test ? poisoned(M, kv_cols, dt) : b.alloc(M, kv_cols, b.activation_dtype());
-      Tensor v = test ? poisoned(M, kv_cols, dt) : b.alloc(M, kv_cols, b.activation_dtype());
-      run(b, composed, nw, w, qn, kn, x, qkv, k, v);
-      auto all = fetch(b, qkv.slice_cols(0, hq * D));
-      for (const Tensor* t : {&k, &v}) {
-        const auto part = fetch(b, *t);
-        all.insert(all.end(), part.begin(), part.end());
-      }
-      return all;
-    };
-    const auto got = outputs(t_, false, nt, wt, qnt, knt, xt), want = outputs(r_, false, nr, wr, qnr, knr, xr);
-    Tensor qs = poisoned(M, cols, dt), ks = poisoned(M, kv_cols, dt), vs = poisoned(M, kv_cols, dt);
-    const double us = time_us([&] { run(t_, false, nt, wt, qnt, knt, xt, qs, ks, vs); }, ks);
-    const std::string sh = shape("x", M, H) + " w" + dims(cols, H) + " hd " + std::to_string(D);
-    report("qkv_rope_store", sh, got, want, tol_for(dt), us, "norm_rows, then the product + q/k-norm + RoPE + store");
-    const auto composed = outputs(t_, true, nt, wt, qnt, knt, xt);
-    double max_abs = 0;
-    bool ok = got.size() == composed.size();
-    for (size_t i = 0; ok && i < got.size(); ++i) {
-      if (!(got[i] == composed[i])) ok = false;
-      max_abs = std::max(max_abs, double(std::abs(got[i] - composed[i])));
-    }
-    row("qkv_rope_store=", sh + " vs two ops", max_abs, max_abs, 0, ok, 0, "== the product, then qk_norm_rope_store");
-  }
-
   // kv rows past kv_len are NaN on both sides: reading them poisons the output.
   void attention(int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t kv_len, int64_t q_pos0, AttentionMask mask) {
     const int64_t cap = kv_len + 7;
@@ -781,10 +726,6 @@ int run_doctor(const DoctorArgs& a) {
   d.qk_norm_rope_store(5, 6, 2, 64, 0, true);
   d.qk_norm_rope_store(3, 8, 2, 256, 90, true);
   d.qk_norm_rope_store(4, 4, 2, 96, 33, true);
-  d.qkv_rope_store(1, 4096, 32, 8, 128, 700);  // Qwen3-8B decode and verification
-  d.qkv_rope_store(16, 4096, 32, 8, 128, 595);
-  d.qkv_rope_store(32, 1024, 16, 8, 64, 40);     // another tiling, head_dim 64
-  d.qkv_rope_store(3, 64, 4, 2, 16, 9);          // head_dim 16: the composition
 
   d.attention(1, 32, 8, 128, 1037, 1036, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 611, 595, AttentionMask::Causal);

@@ -454,64 +454,6 @@ class CudaBackend final : public Backend {
                              stream_);
   }
 
-  // Decode and verification rows whose norm is deferred: the qkv product's blocks do the q/k
-  // norm, RoPE and the cache store themselves (skinny_matmul_heads), one launch and one
-  // dependency fewer a layer, the same bits as the two ops. DFLASH_CUDA_FUSE_QKV=0 keeps the
-  // two ops (to measure).
-  static bool fuse_qkv_enabled() {
-    static const bool on = [] {
-      const char* e = std::getenv("DFLASH_CUDA_FUSE_QKV");
-      return !(e && std::string(e) == "0");
-    }();
-    return on;
-  }
-  void matmul_qkv_rope_store(const NormedRows& in, const Tensor& w, Tensor& qkv, int64_t kv_heads,
-                             const Tensor& q_norm, const Tensor& k_norm, float eps,
-                             const std::vector<int32_t>& positions, int64_t head_dim, const RopeTable& table,
-                             Tensor& k_dst, Tensor& v_dst) override {
-    const char* op = "matmul_qkv_rope_store";
-    const int64_t M = in.h.rows, N = w.rows, K = in.h.cols, kv_cols = kv_heads * head_dim;
-    const int64_t q_cols = qkv.cols - 2 * kv_cols;
-    const bool fused = fuse_qkv_enabled() && in.deferred && consumable(in, w) && on_device(qkv, DType::BF16) &&
-                       qkv.rows == M && qkv.cols == N && kv_heads > 0 && head_dim > 0 && q_cols >= 0 &&
-                       q_cols % head_dim == 0 && on_device(k_dst, DType::BF16) && on_device(v_dst, DType::BF16) &&
-                       k_dst.rows == M && k_dst.cols == kv_cols && v_dst.rows == M && v_dst.cols == kv_cols &&
-                       on_device(q_norm, DType::F32) && q_norm.numel() == head_dim &&
-                       on_device(k_norm, DType::F32) && k_norm.numel() == head_dim && table.head_dim() == head_dim &&
-                       N <= INT32_MAX && K <= INT32_MAX &&
-                       skinny_heads_cluster(in.h.data, in.h.ld, w.data, w.ld, int(N), int(K), int(head_dim)) > 0;
-    if (!fused)
-      return Backend::matmul_qkv_rope_store(in, w, qkv, kv_heads, q_norm, k_norm, eps, positions, head_dim, table,
-                                            k_dst, v_dst);
-    if (static_cast<int64_t>(positions.size()) != M)
-      throw Error(std::string("cuda ") + op + ": " + std::to_string(positions.size()) + " positions for " +
-                  std::to_string(M) + " rows");
-    const std::shared_ptr<void> dev_pos = device_positions(positions, table, op);
-    if (M == 0) return;
-    OpTimer timer(prof_.get(), "matmul_qkv_rope_store M<=32",
-                  [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
-    const RopeEntry& e = rope_table(table);
-    SkinnyHeads hd;
-    hd.head_dim = int(head_dim);
-    hd.q_heads = int(q_cols / head_dim);
-    hd.kv_heads = int(kv_heads);
-    hd.q_norm = q_norm.ptr<float>();
-    hd.k_norm = k_norm.ptr<float>();
-    hd.eps = eps;
-    hd.positions = static_cast<const int32_t*>(dev_pos.get());
-    hd.pos0 = positions[0];
-    hd.cos = static_cast<const float*>(e.cos.get());
-    hd.sin = static_cast<const float*>(e.sin.get());
-    hd.q = qkv.ptr<__nv_bfloat16>();
-    hd.ldq = qkv.ld;
-    hd.k_dst = k_dst.ptr<__nv_bfloat16>();
-    hd.ldk = k_dst.ld;
-    hd.v_dst = v_dst.ptr<__nv_bfloat16>();
-    hd.ldv = v_dst.ld;
-    skinny_matmul_heads(in.h.data, in.h.ld, w.data, w.ld, int(M), int(N), int(K), w.weight, consume(in), hd,
-                        stream_);
-  }
-
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
                  AttentionMask mask, Tensor& out) override {
     expect(q, DType::BF16, "attention", "q");

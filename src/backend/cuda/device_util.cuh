@@ -41,14 +41,6 @@ __device__ __forceinline__ T block_sum(T v, T* partial) {
   return total;
 }
 
-// One output of rotate-half RoPE: own·cos − partner·sin in the first half of a head, own·cos +
-// partner·sin in the second. Spelled as one explicit fma so that every kernel that rotates (the
-// q/k-norm kernel, the qkv product's head epilogue) rounds it the same way, whatever the
-// compiler would contract.
-__device__ __forceinline__ float rope_rotate(float own, float partner, float c, float s, bool first_half) {
-  return __fmaf_rn(own, c, __fmul_rn(first_half ? -partner : partner, s));
-}
-
 // Inclusive prefix sum over a warp's lanes (lane l gets the sum of lanes 0 … l), in the same
 // order on every call.
 template <typename T>

@@ -29,29 +29,6 @@ struct SkinnyNorm {
   float eps = 0.f;                  // consume
 };
 
-// The qkv product's head epilogue: the product's columns are q_heads, then kv_heads k heads,
-// then kv_heads v heads of head_dim; q heads get Qwen3's q-norm and RoPE and are stored into
-// q, k heads the k-norm and RoPE into k_dst, v heads go to v_dst as they are
-// (qk_norm_rope_store's work, with its roundings: the same bits). Row m's position is
-// positions[m], or pos0 + m when positions is null; cos/sin the RoPE table (head_dim / 2 a
-// position).
-struct SkinnyHeads {
-  int head_dim = 0, q_heads = 0, kv_heads = 0;
-  const float* q_norm = nullptr;
-  const float* k_norm = nullptr;
-  float eps = 0.f;
-  const int32_t* positions = nullptr;
-  int64_t pos0 = 0;
-  const float* cos = nullptr;
-  const float* sin = nullptr;
-  __nv_bfloat16* q = nullptr;
-  int64_t ldq = 0;
-  __nv_bfloat16* k_dst = nullptr;
-  int64_t ldk = 0;
-  __nv_bfloat16* v_dst = nullptr;
-  int64_t ldv = 0;
-};
-
 // y[m, n] (+)= Σ_k x[m, k] · w[n, k], bf16 x and w, f32 accumulation, M ≤ kSkinnyMaxRows.
 // Every output is reduced in the same order whatever M is, so a row computed alone (plain
 // decoding) and inside a block (speculative verification) is bit-identical: that is what
@@ -75,15 +52,6 @@ int skinny_norm_parts(int N, int K);
 bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
                             int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm = nullptr);
-
-// x · wᵀ with a consumed deferred norm (norm.partial_in set) and the head epilogue instead of
-// storing y: a cluster of blocks a head, whose blocks read each other's shared memory. The
-// cluster size skinny_heads_cluster() returns, 0 where the epilogue does not apply (no sm_90,
-// no tensor-core kernel, or a head that is not a whole number of the tiling's blocks, at most
-// 8); judged from pointers, strides, N, K and head_dim, never M.
-int skinny_heads_cluster(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K, int head_dim);
-void skinny_matmul_heads(const void* x, int64_t ldx, const void* w, int64_t ldw, int M, int N, int K,
-                         bool w_uploaded, const SkinnyNorm& norm, const SkinnyHeads& heads, cudaStream_t s);
 
 // The first deferred norm of a forward pass (no product before it): h = bf16(norm_w ⊙ x) and
 // one partial Σ x² per row (ld_partial = 1), for f32 x [rows, cols] with 16-byte-aligned rows

@@ -78,39 +78,22 @@ inline void apply_carveout(const void* kernel, int percent, const char* op) {
           "cudaFuncSetAttribute (carveout)");
 }
 
-// cluster > 1: thread-block clusters of that many consecutive blocks along x (sm_90; the grid
-// a multiple of it), for kernels whose blocks read each other's shared memory.
 template <typename... Params, typename... Args>
-void launch_kernel_clustered(const char* op, unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
-                             size_t smem, cudaStream_t s, Args&&... args) {
+void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
   if (op_listed(OpList::NoOp, op)) return;
   if (const int c = carveout_for(op); c >= 0) apply_carveout(reinterpret_cast<const void*>(kernel), c, op);
-  cudaLaunchAttribute attrs[2]{};
-  unsigned n = 0;
-  if (pdl_enabled() && !op_listed(OpList::PdlSkip, op)) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = cluster;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n++].val.clusterDim.z = 1;
-  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() && !op_listed(OpList::PdlSkip, op) ? 1 : 0;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, "kernel launch");
-}
-
-template <typename... Params, typename... Args>
-void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   Args&&... args) {
-  launch_kernel_clustered(op, 1, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace dflash::cuda

@@ -52,8 +52,8 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
     const float c = cos[p * half + j], s = sin[p * half + j];
     const float a = normed[j], b = normed[j + half];
-    out[j] = __float2bfloat16_rn(rope_rotate(a, b, c, s, true));
-    out[j + half] = __float2bfloat16_rn(rope_rotate(b, a, c, s, false));
+    out[j] = __float2bfloat16_rn(a * c - b * s);
+    out[j + half] = __float2bfloat16_rn(b * c + a * s);
   }
 }
 

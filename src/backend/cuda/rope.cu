@@ -19,8 +19,8 @@ __global__ void rope_kernel(__nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t
   const float c = cos[p * half + j], s = sin[p * half + j];
   __nv_bfloat16* v = x + r * ldx + h * head_dim;
   const float a = __bfloat162float(v[j]), b = __bfloat162float(v[j + half]);
-  v[j] = __float2bfloat16_rn(rope_rotate(a, b, c, s, true));
-  v[j + half] = __float2bfloat16_rn(rope_rotate(b, a, c, s, false));
+  v[j] = __float2bfloat16_rn(a * c - b * s);
+  v[j + half] = __float2bfloat16_rn(b * c + a * s);
 }
 
 }  // namespace

@@ -13,8 +13,6 @@
 // kernel, each output sees the same products in the same order for every M. cuBLAS gives no
 // such promise (it picks kernels, split-K and tile orders by shape), which is why verification
 // rows must not go through it while plain decoding rows go through this file.
-#include <cooperative_groups.h>
-
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -59,141 +57,7 @@ enum Epilogue : int {
   kEpiPlain = 0,
   kEpiEmitNorm = 1,  // y is the f32 residual: also h = bf16(norm_w ⊙ y) and Σ y² per row over the block's columns
   kEpiScaleInv = 2,  // each output times its row's 1/rms, from the partial sums an emitting product wrote
-  kEpiHeads = 3,     // kEpiScaleInv, then Qwen3's q/k-norm, RoPE and the cache store per head (SkinnyHeads)
 };
-
-// The qkv product's epilogue (kEpiHeads): a cluster of D / block_cols consecutive blocks holds
-// one head's D columns. Each block rounds its outputs to bf16 (what the qkv buffer would hold)
-// into shared memory; after a cluster barrier each block reads the head's other columns from
-// its neighbours' shared memory, and then does what qk_norm_rope_store_kernel does for its own
-// columns, with that kernel's sum order (one element a lane, warp butterflies, the warps' sums
-// in order) and roundings, so the results are the same bits. A second barrier keeps every
-// block's shared memory alive until the cluster has read it. v heads are stored as they are.
-//
-// What an output needs besides the sums: the two norm weights, cos and sin.
-struct HeadsEarly {
-  float nw_own = 0.f, nw_partner = 0.f, c = 0.f, s = 0.f;
-};
-struct HeadSpot {
-  int64_t h;  // head
-  int e, pe;  // element of the head, its rotation partner
-  bool is_v, is_q, first;
-};
-__device__ __forceinline__ HeadSpot head_spot(const SkinnyHeads& hd, int64_t n) {
-  HeadSpot p;
-  const int D = hd.head_dim, half = D / 2;
-  p.h = n / D;
-  p.e = int(n - p.h * D);
-  p.first = p.e < half;
-  p.pe = p.first ? p.e + half : p.e - half;
-  p.is_v = p.h >= hd.q_heads + hd.kv_heads;
-  p.is_q = p.h < hd.q_heads;
-  return p;
-}
-__device__ __forceinline__ HeadsEarly heads_early(const SkinnyHeads& hd, int m, int64_t n) {
-  HeadsEarly r;
-  const HeadSpot p = head_spot(hd, n);
-  if (p.is_v) return r;
-  const float* norm_w = p.is_q ? hd.q_norm : hd.k_norm;
-  const int half = hd.head_dim / 2, j = p.first ? p.e : p.pe;
-  const int64_t pos = hd.positions ? hd.positions[m] : hd.pos0 + m;
-  r.nw_own = norm_w[p.e];
-  r.nw_partner = norm_w[p.pe];
-  r.c = hd.cos[pos * half + j];
-  r.s = hd.sin[pos * half + j];
-  return r;
-}
-
-template <int MT, int kCols, int kMaxBlockCols>
-__device__ __forceinline__ void heads_epilogue(float (&part)[kWarps][MT * 16][kCols], float* inv_rms,
-                                               const SkinnyHeads& hd, int M, int S, int G,
-                                               int64_t block_n0, int block_cols, int warp, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  // vals and partners take the place of part, and head_inv that of inv_rms, once they are
-  // read: the kernel keeps the shared-memory size of the plain product, so its SMs keep the
-  // carveout the products around it run with (docs/cuda.md, the fourteenth pass).
-  constexpr int kOut = (MT * 16 * kMaxBlockCols + kWarps * 32 - 1) / (kWarps * 32);  // outputs a thread at most
-  static_assert(sizeof(part) >= 2 * MT * 16 * kMaxBlockCols * sizeof(__nv_bfloat16), "vals and partners fit in part");
-  float sums[kOut];
-#pragma unroll
-  for (int k = 0; k < kOut; ++k) {
-    const int i = int(threadIdx.x) + k * kWarps * 32;
-    sums[k] = 0.f;
-    if (i < M * block_cols) {
-      const int m = i / block_cols, col = i % block_cols, grp = col / kCols, r = col % kCols;
-      float sum = part[grp][m][r];
-      for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
-      sums[k] = sum * inv_rms[m];
-    }
-  }
-  __syncthreads();  // every read of part and inv_rms is done
-  auto* vals = reinterpret_cast<__nv_bfloat16(*)[kMaxBlockCols]>(&part[0][0][0]);
-  auto* partners = vals + MT * 16;
-  float* head_inv = inv_rms;
-#pragma unroll
-  for (int k = 0; k < kOut; ++k) {
-    const int i = int(threadIdx.x) + k * kWarps * 32;
-    if (i < M * block_cols) vals[i / block_cols][i % block_cols] = __float2bfloat16_rn(sums[k]);
-  }
-  // The norm weights, cos and sin of this thread's first two outputs are fetched before the
-  // barrier, so their trip to L2 overlaps it and the reads of the neighbours' columns.
-  HeadsEarly w_first[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int i = int(threadIdx.x) + k * kWarps * 32;
-    if (i < M * block_cols) w_first[k] = heads_early(hd, i / block_cols, block_n0 + i % block_cols);
-  }
-  cluster.sync();
-  const int D = hd.head_dim;
-  const HeadSpot head = head_spot(hd, block_n0);  // the cluster's head
-  // Element e of the head, row m: column e % block_cols of cluster block e / block_cols.
-  auto at = [&](int m, int e) {
-    const __nv_bfloat16* v = cluster.map_shared_rank(&vals[0][0], unsigned(e / block_cols));  // same offset there
-    return v[m * kMaxBlockCols + e % block_cols];
-  };
-  if (!head.is_v) {
-    // Each output's rotation partner and each row's 1/rms over the head; every remote read is
-    // issued before any is used.
-    for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
-      const int m = i / block_cols, col = i % block_cols;
-      partners[m][col] = at(m, head_spot(hd, block_n0 + col).pe);
-    }
-    for (int m = warp; m < M; m += kWarps) {
-      float x[8];  // head_dim <= 256
-#pragma unroll
-      for (int k = 0; k < 8; ++k) x[k] = 32 * k + lane < D ? __bfloat162float(at(m, 32 * k + lane)) : 0.f;
-      float total = 0.f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-        if (32 * k < D) total += warp_sum(x[k] * x[k]);
-      if (lane == 0) head_inv[m] = rsqrtf(total / static_cast<float>(D) + hd.eps);
-    }
-    __syncthreads();
-  }
-  for (int i = threadIdx.x, k = 0; i < M * block_cols; i += blockDim.x, ++k) {
-    const int m = i / block_cols, col = i % block_cols;
-    const int64_t n = block_n0 + col;
-    const HeadSpot p = head_spot(hd, n);
-    if (p.is_v) {
-      hd.v_dst[int64_t(m) * hd.ldv + (p.h - hd.q_heads - hd.kv_heads) * D + p.e] = vals[m][col];
-      continue;
-    }
-    const HeadsEarly w = k < 2 ? w_first[k] : heads_early(hd, m, n);
-    const float inv = head_inv[m];
-    const float own = __bfloat162float(__float2bfloat16_rn(w.nw_own * (__bfloat162float(vals[m][col]) * inv)));
-    const float partner =
-        __bfloat162float(__float2bfloat16_rn(w.nw_partner * (__bfloat162float(partners[m][col]) * inv)));
-    const __nv_bfloat16 out = __float2bfloat16_rn(rope_rotate(own, partner, w.c, w.s, p.first));
-    if (p.is_q) hd.q[int64_t(m) * hd.ldq + n] = out;
-    else hd.k_dst[int64_t(m) * hd.ldk + (p.h - hd.q_heads) * D + p.e] = out;
-  }
-  cluster.sync();
-#else
-  __trap();  // never launched: the host takes this path on sm_90 and newer only
-#endif
-}
 
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
 // and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
@@ -204,10 +68,8 @@ template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const SkinnyNorm norm, bool w_uploaded, bool early_y, const SkinnyHeads heads) {
+                      const SkinnyNorm norm, bool w_uploaded, bool early_y) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
-  static_assert(EPI != kEpiHeads || (!PAIR && std::is_same_v<Out, __nv_bfloat16>), "heads are bf16 columns");
-  constexpr bool kScale = EPI == kEpiScaleInv || EPI == kEpiHeads;
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
   constexpr int kRows = NT * 8;                // rows of w per warp
@@ -279,7 +141,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
   // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
   __shared__ float inv_rms[MT * 16];
-  if constexpr (kScale) {
+  if constexpr (EPI == kEpiScaleInv) {
     const int half = lane / 16, l16 = lane % 16;
     for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
       float ss = 0.f;
@@ -352,12 +214,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
   __syncthreads();
 
-  constexpr int kMaxBlockCols = kWarps * kCols;
-  if constexpr (EPI == kEpiHeads) {
-    heads_epilogue<MT, kRows, kMaxBlockCols>(part, inv_rms, heads, M, S, G, block_n0, block_cols, warp, lane);
-    return;
-  }
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
+  constexpr int kMaxBlockCols = kWarps * kCols;
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
   for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
     const int m = i / block_cols, col = i % block_cols;
@@ -369,12 +227,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     const int grp = col / kCols, r = col % kCols;
     float sum = part[grp][m][r];
     for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
-    if constexpr (kScale) sum *= inv_rms[m];
+    if constexpr (EPI == kEpiScaleInv) sum *= inv_rms[m];
     Out* dst = y + int64_t(m) * ldy + n;
     if constexpr (PAIR) {
       float up = part[grp][m][8 + r];
       for (int s = 1; s < S; ++s) up += part[s * G + grp][m][8 + r];
-      if constexpr (kScale) up *= inv_rms[m];
+      if constexpr (EPI == kEpiScaleInv) up *= inv_rms[m];
       *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
                                         __bfloat162float(__float2bfloat16_rn(up))));
     } else {
@@ -414,7 +272,6 @@ struct MmaSettings {
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
   bool prewait = true, early_y = true;
-  unsigned scale_cluster = 1;  // DFLASH_SKINNY_CLUSTER (measuring): clusters for the plain consuming products
 };
 
 const MmaSettings& mma_settings() {
@@ -438,8 +295,6 @@ const MmaSettings& mma_settings() {
     }
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
-    if (const char* e = std::getenv("DFLASH_SKINNY_CLUSTER"); e && std::atoi(e) > 1 && std::atoi(e) <= 8)
-      m.scale_cluster = unsigned(std::atoi(e));
     return m;
   }();
   return settings;
@@ -456,18 +311,11 @@ int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
 
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s,
-                const SkinnyHeads& heads = {}) {
-  // kEpiHeads: one cluster of blocks a head (heads_epilogue).
-  const unsigned blocks = unsigned(mma_blocks(N, NT, S, PAIR));
-  unsigned cluster = EPI == kEpiHeads ? unsigned(heads.head_dim / ((kWarps / S) * NT * 8)) : 1;
-  if (EPI == kEpiScaleInv && !PAIR && blocks % mma_settings().scale_cluster == 0)
-    cluster = mma_settings().scale_cluster;
-  launch_kernel_clustered("matmul (skinny)", cluster, skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, blocks,
-                          kWarps * 32, 0, s,
-                          static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw,
-                          static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm,
-                          w_uploaded && mma_settings().prewait, mma_settings().early_y, heads);
+                int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
+  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(mma_blocks(N, NT, S, PAIR)),
+                kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w),
+                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded && mma_settings().prewait,
+                mma_settings().early_y);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -797,37 +645,6 @@ void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t l
     launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
   else
     launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
-}
-
-int skinny_heads_cluster(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K, int head_dim) {
-  if (!skinny_mma_applies(x, ldx, w, ldw, K) || head_dim <= 0 || head_dim > 256 || head_dim % 32 || N % head_dim)
-    return 0;
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (major < 9) return 0;
-  const MmaTiling tl = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots);
-  const int block_cols = (kWarps / tl.S) * tl.NT * 8;
-  if (head_dim % block_cols) return 0;
-  const int cluster = head_dim / block_cols;
-  return cluster <= 8 ? cluster : 0;  // 8: the portable cluster size
-}
-
-void skinny_matmul_heads(const void* x, int64_t ldx, const void* w, int64_t ldw, int M, int N, int K,
-                         bool w_uploaded, const SkinnyNorm& norm, const SkinnyHeads& heads, cudaStream_t s) {
-  if (M == 0 || N == 0) return;
-  if (M > kSkinnyMaxRows) throw Error("cuda matmul_heads: skinny kernel called with " + std::to_string(M) + " rows");
-  if (skinny_heads_cluster(x, ldx, w, ldw, N, K, heads.head_dim) == 0)
-    throw Error("cuda matmul_heads: the head epilogue called where it does not apply");
-  const MmaTiling tl = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots);
-  using B = __nv_bfloat16;
-  if (M <= 16 && tl.NT == 2) launch_mma<1, 2, B, kEpiHeads>(x, ldx, w, ldw, nullptr, 0, M, N, K, tl.S, false, w_uploaded, norm, s, heads);
-  else if (M <= 16) launch_mma<1, 1, B, kEpiHeads>(x, ldx, w, ldw, nullptr, 0, M, N, K, tl.S, false, w_uploaded, norm, s, heads);
-  else if (tl.NT == 2) launch_mma<2, 2, B, kEpiHeads>(x, ldx, w, ldw, nullptr, 0, M, N, K, tl.S, false, w_uploaded, norm, s, heads);
-  else launch_mma<2, 1, B, kEpiHeads>(x, ldx, w, ldw, nullptr, 0, M, N, K, tl.S, false, w_uploaded, norm, s, heads);
 }
 
 }  // namespace dflash::cuda
