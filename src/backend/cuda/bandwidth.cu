@@ -273,21 +273,35 @@ double l2_stage_probe(size_t bytes, int mode) {
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "bandwidth", "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "bandwidth", "SM count");
-  void *buf = nullptr, *flush = nullptr;
-  unsigned* sink = nullptr;
-  check(cudaMalloc(&buf, bytes), "bandwidth", "cudaMalloc");
-  check(cudaMalloc(&flush, kFlush), "bandwidth", "cudaMalloc");
-  check(cudaMalloc(&sink, sizeof(unsigned)), "bandwidth", "cudaMalloc");
-  check(cudaMemset(buf, 0x5a, bytes), "bandwidth", "cudaMemset");
-  check(cudaMemset(flush, 0x3c, kFlush), "bandwidth", "cudaMemset");
-  const auto* p = static_cast<const char*>(buf);
+  // Released however this returns (a check below throws on a CUDA error part-way).
+  struct Resources {
+    void *buf = nullptr, *flush = nullptr;
+    unsigned* sink = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    ~Resources() {
+      cudaDeviceSynchronize();
+      if (e0) cudaEventDestroy(e0);
+      if (e1) cudaEventDestroy(e1);
+      if (sink) cudaFree(sink);
+      if (flush) cudaFree(flush);
+      if (buf) cudaFree(buf);
+    }
+  } res;
+  check(cudaMalloc(&res.buf, bytes), "bandwidth", "cudaMalloc");
+  check(cudaMalloc(&res.flush, kFlush), "bandwidth", "cudaMalloc");
+  check(cudaMalloc(&res.sink, sizeof(unsigned)), "bandwidth", "cudaMalloc");
+  check(cudaMemset(res.buf, 0x5a, bytes), "bandwidth", "cudaMemset");
+  check(cudaMemset(res.flush, 0x3c, kFlush), "bandwidth", "cudaMemset");
+  check(cudaEventCreate(&res.e0), "bandwidth", "cudaEventCreate");
+  check(cudaEventCreate(&res.e1), "bandwidth", "cudaEventCreate");
+  const auto* p = static_cast<const char*>(res.buf);
+  const auto* flush = static_cast<const uint4*>(res.flush);
+  unsigned* const sink = res.sink;
+  const cudaEvent_t e0 = res.e0, e1 = res.e1;
   const unsigned blocks = unsigned(sms * 8);
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
-  check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
-    read_kernel<0, 4><<<blocks, 256>>>(static_cast<const uint4*>(flush), int64_t(kFlush / 16), sink);
+    read_kernel<0, 4><<<blocks, 256>>>(flush, int64_t(kFlush / 16), sink);
     if (mode == 1 || mode == 4) bulk_prefetch_kernel<<<unsigned(sms * 2), 256>>>(p, int64_t(bytes));
     if (mode == 2) line_prefetch_kernel<<<unsigned(sms * 2), 256>>>(p, int64_t(bytes));
     if (mode == 3) read_kernel<0, 4><<<blocks, 256>>>(reinterpret_cast<const uint4*>(p), int64_t(bytes / 16), sink);
@@ -301,11 +315,6 @@ double l2_stage_probe(size_t bytes, int mode) {
     check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
     if (rep > 0) best = std::min(best, double(ms) * 1e3);
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(sink);
-  cudaFree(flush);
-  cudaFree(buf);
   return best;
 }
 
