@@ -115,8 +115,9 @@ std::string GenerationStats::to_text() const {
       s += buf;
     }
     s += "acceptance histogram (length: steps):";
+    // appended piece by piece: GCC 12 warns falsely (-Wrestrict) on a literal + a temporary string
     for (size_t i = 0; i < acceptance_histogram.size(); ++i)
-      s += " " + std::to_string(i + 1) + ":" + std::to_string(acceptance_histogram[i]);
+      s.append(" ").append(std::to_string(i + 1)).append(":").append(std::to_string(acceptance_histogram[i]));
     s += "\nper-position acceptance:";
     const auto rates = per_position_acceptance();
     for (size_t i = 0; i < rates.size(); ++i) {

@@ -26,7 +26,8 @@ std::string num(double v) {
 void sample(std::string& out, const std::string& name, const std::string& labels, double v) {
   out += name;
   if (!labels.empty()) out += "{" + labels + "}";
-  out += " " + num(v) + "\n";
+  // appended piece by piece: GCC 12 warns falsely (-Wrestrict) on a literal + a temporary string
+  out.append(" ").append(num(v)).append("\n");
 }
 
 void single(std::string& out, const char* name, const char* type, const char* help, double v) {
