@@ -470,7 +470,8 @@ class CudaBackend final : public Backend {
     if (kv_len < 0 || kv_len > k.rows || kv_len > v.rows)
       throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " beyond the cache (" + k.describe() + ")");
     OpTimer timer(prof_.get(), "attention", [&] {
-      return "T" + std::to_string(q.rows) + " " + kv_bucket(kv_len) + " " + std::to_string(hq) + "/" +
+      // std::string first: GCC 12 warns falsely (-Wrestrict) on a literal + a temporary string
+      return std::string("T") + std::to_string(q.rows) + " " + kv_bucket(kv_len) + " " + std::to_string(hq) + "/" +
              std::to_string(hkv) + "x" + std::to_string(head_dim) + (mask == AttentionMask::Causal ? " causal" : "");
     });
     // The split path's f32 partials come from the pool: freed when this returns, reused only by
