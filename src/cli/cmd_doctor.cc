@@ -790,8 +790,9 @@ int run_doctor(const DoctorArgs& a) {
       if (c.barrier_us >= 0) std::printf("%.2f us\n", c.barrier_us);
       else std::printf("not measured (no cooperative launch)\n");
     }
-    // Whether a weight staged into L2 ahead of its product is found there (prefetch_weight):
-    // an o_proj-sized and a half-L2-sized read, cold and after each way of staging it.
+    // Whether bytes staged into L2 ahead of a read are found there (weights staged during the
+    // short kernels, fifteenth pass: they were not): an o_proj-sized and a half-L2-sized read,
+    // cold and after each way of staging it.
     for (const size_t mib : {size_t(32), size_t(16)})
       std::printf("L2 staging, read of %zu MiB: cold %.1f us, after a bulk prefetch %.1f, after a line prefetch "
                   "%.1f, after a read %.1f, right behind a bulk prefetch %.1f\n",
