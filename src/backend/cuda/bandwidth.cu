@@ -226,18 +226,12 @@ __global__ void __launch_bounds__(256) bulk_read_kernel(const char* __restrict__
 // buffer of that size filled with a byte pattern): the best of three timed repetitions after a
 // warm-up one. The launcher gets the buffer and a sink word for the kernels' never-taken store.
 double best_read_rate(size_t bytes, const std::function<void(const char*, unsigned*)>& launches_of_one_rep) {
-  void* buf = nullptr;
-  unsigned* sink = nullptr;
-  check(cudaMalloc(&buf, bytes), "bandwidth", "cudaMalloc");
-  check(cudaMalloc(&sink, sizeof(unsigned)), "bandwidth", "cudaMalloc");
-  check(cudaMemset(buf, 0x5a, bytes), "bandwidth", "cudaMemset");
-  const double best = best_timed_rate(4, double(bytes), [&](int) {
-    launches_of_one_rep(static_cast<const char*>(buf), sink);
+  const DeviceBuffer buf(bytes, "bandwidth"), sink(sizeof(unsigned), "bandwidth");
+  check(cudaMemset(buf.as(), 0x5a, bytes), "bandwidth", "cudaMemset");
+  return best_timed_rate(4, double(bytes), [&](int) {
+    launches_of_one_rep(buf.as<const char>(), sink.as<unsigned>());
     check(cudaGetLastError(), "bandwidth", "kernel launch");
   });
-  cudaFree(sink);
-  cudaFree(buf);
-  return best;
 }
 
 // What a prefetch into L2 leaves for a later read (l2_stage_probe): the bulk prefetch the
@@ -273,31 +267,13 @@ double l2_stage_probe(size_t bytes, int mode) {
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "bandwidth", "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "bandwidth", "SM count");
-  // Released however this returns (a check below throws on a CUDA error part-way).
-  struct Resources {
-    void *buf = nullptr, *flush = nullptr;
-    unsigned* sink = nullptr;
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    ~Resources() {
-      cudaDeviceSynchronize();
-      if (e0) cudaEventDestroy(e0);
-      if (e1) cudaEventDestroy(e1);
-      if (sink) cudaFree(sink);
-      if (flush) cudaFree(flush);
-      if (buf) cudaFree(buf);
-    }
-  } res;
-  check(cudaMalloc(&res.buf, bytes), "bandwidth", "cudaMalloc");
-  check(cudaMalloc(&res.flush, kFlush), "bandwidth", "cudaMalloc");
-  check(cudaMalloc(&res.sink, sizeof(unsigned)), "bandwidth", "cudaMalloc");
-  check(cudaMemset(res.buf, 0x5a, bytes), "bandwidth", "cudaMemset");
-  check(cudaMemset(res.flush, 0x3c, kFlush), "bandwidth", "cudaMemset");
-  check(cudaEventCreate(&res.e0), "bandwidth", "cudaEventCreate");
-  check(cudaEventCreate(&res.e1), "bandwidth", "cudaEventCreate");
-  const auto* p = static_cast<const char*>(res.buf);
-  const auto* flush = static_cast<const uint4*>(res.flush);
-  unsigned* const sink = res.sink;
-  const cudaEvent_t e0 = res.e0, e1 = res.e1;
+  const DeviceBuffer buf(bytes, "bandwidth"), flush_buf(kFlush, "bandwidth"), sink_buf(sizeof(unsigned), "bandwidth");
+  check(cudaMemset(buf.as(), 0x5a, bytes), "bandwidth", "cudaMemset");
+  check(cudaMemset(flush_buf.as(), 0x3c, kFlush), "bandwidth", "cudaMemset");
+  const Event e0("bandwidth"), e1("bandwidth");
+  const auto* p = buf.as<const char>();
+  const auto* flush = flush_buf.as<const uint4>();
+  unsigned* const sink = sink_buf.as<unsigned>();
   const unsigned blocks = unsigned(sms * 8);
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
@@ -319,9 +295,7 @@ double l2_stage_probe(size_t bytes, int mode) {
 }
 
 double best_timed_rate(int reps, double bytes, const std::function<void(int rep)>& one_rep) {
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "bandwidth", "cudaEventCreate");
-  check(cudaEventCreate(&e1), "bandwidth", "cudaEventCreate");
+  const Event e0("bandwidth"), e1("bandwidth");
   double best = 0;
   for (int rep = 0; rep < reps; ++rep) {
     check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
@@ -332,8 +306,6 @@ double best_timed_rate(int reps, double bytes, const std::function<void(int rep)
     check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
     if (rep > 0) best = std::max(best, bytes / (double(ms) * 1e-3));
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   return best;
 }
 

@@ -1124,9 +1124,8 @@ GraphCounts graph_counts(Backend& backend) {
 }
 
 double copy_bandwidth(size_t bytes) {
-  void *a = nullptr, *b = nullptr;
-  check(cudaMalloc(&a, bytes), "bandwidth", "cudaMalloc");
-  check(cudaMalloc(&b, bytes), "bandwidth", "cudaMalloc");
+  const DeviceBuffer a_buf(bytes, "bandwidth"), b_buf(bytes, "bandwidth");
+  void *const a = a_buf.as(), *const b = b_buf.as();
   // Random-ish contents rather than zeros (compressible data can read faster than real data).
   std::vector<uint32_t> pattern(1 << 20);
   uint32_t s = 12345;
@@ -1140,8 +1139,6 @@ double copy_bandwidth(size_t bytes) {
     check(cudaMemcpyAsync(rep % 2 ? a : b, rep % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice), "bandwidth",
           "device to device copy");
   });
-  cudaFree(a);
-  cudaFree(b);
   return best;
 }
 

@@ -33,6 +33,48 @@ inline bool rows_aligned16(const void* p, int64_t ld, int elem_bytes) {
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
+// Owners of the buffers, events and streams the measuring code (doctor's probes, the copy
+// bandwidth) makes for itself, released however it returns: its checks throw part-way.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(size_t bytes, const char* op) { check(cudaMalloc(&p_, bytes), op, "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(p_); }  // cudaFree waits for the device's work on it
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T = void>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+class Event {
+ public:
+  explicit Event(const char* op) { check(cudaEventCreate(&e_), op, "cudaEventCreate"); }
+  ~Event() { cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  operator cudaEvent_t() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class Stream {
+ public:
+  explicit Stream(const char* op) { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), op, "cudaStreamCreate"); }
+  ~Stream() {
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
 // Element types the kernels are instantiated for (the tensor's DType, as a small code).
 enum class Elem { F32, BF16 };
 

@@ -83,28 +83,13 @@ SyncCosts sync_costs(int steps, int blocks_per_sm) {
   r.blocks = sms * blocks_per_sm;
   r.steps = steps;
   const int threads = 256;
-  // Released however this returns (a check below throws on a CUDA error part-way).
-  struct Resources {
-    unsigned* buf = nullptr;
-    cudaStream_t s = nullptr;
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    ~Resources() {
-      if (s) cudaStreamSynchronize(s);
-      if (e0) cudaEventDestroy(e0);
-      if (e1) cudaEventDestroy(e1);
-      if (s) cudaStreamDestroy(s);
-      if (buf) cudaFree(buf);
-    }
-  } res;
-  check(cudaMalloc(&res.buf, sizeof(unsigned) * (2 * size_t(r.blocks) + 1)), "sync_costs", "cudaMalloc");
-  unsigned* const buf = res.buf;
+  // Declared buffer first: the stream's destructor waits for its work before the buffer goes.
+  const DeviceBuffer buf_owner(sizeof(unsigned) * (2 * size_t(r.blocks) + 1), "sync_costs");
+  unsigned* const buf = buf_owner.as<unsigned>();
   check(cudaMemset(buf, 0, sizeof(unsigned) * (2 * size_t(r.blocks) + 1)), "sync_costs", "cudaMemset");
   unsigned *a = buf, *b = buf + r.blocks, *arrived = buf + 2 * r.blocks;
-  check(cudaStreamCreateWithFlags(&res.s, cudaStreamNonBlocking), "sync_costs", "cudaStreamCreate");
-  check(cudaEventCreate(&res.e0), "sync_costs", "cudaEventCreate");
-  check(cudaEventCreate(&res.e1), "sync_costs", "cudaEventCreate");
-  const cudaStream_t s = res.s;
-  const cudaEvent_t e0 = res.e0, e1 = res.e1;
+  const Stream s("sync_costs");
+  const Event e0("sync_costs"), e1("sync_costs");
 
   // The best of three timed runs after a warm-up run, in µs per step.
   auto best_us = [&](auto&& run) {
