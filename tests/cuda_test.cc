@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #ifdef DFLASH_CUDA
@@ -183,6 +184,94 @@ TEST(CudaAttention, NewRowsInBlockEqualRowsAlone) {
   check_new_rows_alone(*backend, 32, 8, 2, 64, 63);      // the new rows straddle a chunk boundary
   check_new_rows_alone(*backend, 7, 8, 4, 256, 100);
   check_new_rows_alone(*backend, 5, 6, 2, 96, 40);
+}
+
+// Products of several rows (verification, drafting) whose weight is cut into K slices group
+// their warps by slice (skinny_matmul.cu, XSPLIT: the S blocks of an output tile form a
+// cluster and add each other's partials); a row alone keeps a tile's slices in one block.
+// Every row of a block must equal the row alone, bit for bit, for each epilogue: the plain
+// product (its last tile part-filled: 4064 columns), the residual product that emits the next
+// norm's partial sums (whose column groups must match too) with the product consuming them,
+// and the gate/up pair; a second launch of the same block gives the same bits.
+TEST(CudaSkinnySplit, RowsInBlockEqualRowsAlone) {
+  REQUIRE_GPU(backend);
+  Backend& b = *backend;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto tensor = [&](int64_t rows, int64_t cols, float scale, DType dt) {
+    std::vector<float> h(size_t(rows * cols));
+    for (auto& x : h) x = scale * nd(rng);
+    Tensor f = b.upload(h.data(), rows, cols);
+    if (dt == DType::F32) return f;
+    Tensor t = b.alloc(rows, cols, dt);
+    b.copy(f, t);
+    return t;
+  };
+  auto same_rows = [&](const std::string& what, const std::vector<float>& block, int64_t M, int64_t N,
+                       const std::function<std::vector<float>(int64_t)>& alone) {
+    for (int64_t m = 0; m < M; ++m) {
+      const auto row = alone(m);
+      ASSERT_EQ(row.size(), size_t(N));
+      EXPECT_EQ(std::memcmp(row.data(), block.data() + m * N, row.size() * sizeof(float)), 0)
+          << what << ": row " << m << " differs between the block and alone";
+    }
+  };
+  const int64_t M = 16, K = 4096;
+  {
+    const int64_t N = 4064;
+    const Tensor x = tensor(M, K, 1.f, DType::BF16), w = tensor(N, K, 0.02f, DType::BF16);
+    Tensor y = b.alloc(M, N, DType::F32), y2 = b.alloc(M, N, DType::F32);
+    b.matmul(x, w, y);
+    b.matmul(x, w, y2);
+    const auto block = download(b, y);
+    EXPECT_EQ(block, download(b, y2)) << "a second launch of the same block";
+    same_rows("matmul", block, M, N, [&](int64_t m) {
+      Tensor y1 = b.alloc(1, N, DType::F32);
+      b.matmul(x.slice_rows(m, 1), w, y1);
+      return download(b, y1);
+    });
+  }
+  {
+    // o_proj-like: x += a·woᵀ (H = 4064 columns) emitting the norm; then q/k/v-like consumes it.
+    const int64_t H = 4064, N = 4096;
+    const Tensor a = tensor(M, K, 1.f, DType::BF16), wo = tensor(H, K, 0.02f, DType::BF16);
+    const Tensor nw = tensor(1, H, 1.f, DType::F32), w = tensor(N, H, 0.02f, DType::BF16);
+    const Tensor x0 = tensor(M, H, 1.f, DType::F32);
+    auto chain = [&](const Tensor& a_rows, int64_t first, int64_t rows) {
+      Tensor x = b.alloc(rows, H, DType::F32);
+      b.copy(x0.slice_rows(first, rows), x);
+      NormedRows normed;
+      normed.h = b.alloc(rows, H, b.activation_dtype());
+      b.matmul_add_norm(a_rows, wo, x, nw, 1e-6f, normed);
+      Tensor y = b.alloc(rows, N, DType::F32);
+      b.matmul_normed(normed, w, y);
+      auto out = download(b, x);
+      const auto yv = download(b, y);
+      out.insert(out.end(), yv.begin(), yv.end());
+      return out;
+    };
+    const auto block = chain(a, 0, M);
+    std::vector<float> xs(block.begin(), block.begin() + M * H), ys(block.begin() + M * H, block.end());
+    same_rows("residual + norm", xs, M, H, [&](int64_t m) {
+      auto v = chain(a.slice_rows(m, 1), m, 1);
+      return std::vector<float>(v.begin(), v.begin() + H);
+    });
+    same_rows("normed product", ys, M, N, [&](int64_t m) {
+      auto v = chain(a.slice_rows(m, 1), m, 1);
+      return std::vector<float>(v.begin() + H, v.end());
+    });
+  }
+  {
+    const int64_t I = 12288;
+    const Tensor x = tensor(M, K, 1.f, DType::BF16), w = tensor(2 * I, K, 0.02f, DType::BF16);
+    Tensor act = b.alloc(M, I, DType::BF16);
+    b.matmul_silu_mul(x, w, act);
+    same_rows("gate/up + SwiGLU", download(b, act), M, I, [&](int64_t m) {
+      Tensor a1 = b.alloc(1, I, DType::BF16);
+      b.matmul_silu_mul(x.slice_rows(m, 1), w, a1);
+      return download(b, a1);
+    });
+  }
 }
 
 class CudaQwen3Golden : public ::testing::TestWithParam<std::string> {};
