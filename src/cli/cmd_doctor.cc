@@ -685,7 +685,7 @@ int run_doctor(const DoctorArgs& a) {
   d.matmul_batch_invariance(16, 4096, 1024, DType::BF16);
   d.matmul_batch_invariance(16, 4096, 4096, DType::BF16);
   d.matmul_batch_invariance(32, 12288, 4096, DType::BF16);
-  d.matmul_batch_invariance(16, 4096, 4064, DType::BF16);  // K slices across blocks, the last tile part-filled
+  d.matmul_batch_invariance(16, 4096, 4064, DType::BF16);  // one n8 tile a warp, four K slices
   d.matmul_batch_invariance(32, 384, 4160, DType::F32);
   d.matmul_batch_invariance(7, 64, 256, DType::F32);
 
@@ -697,7 +697,7 @@ int run_doctor(const DoctorArgs& a) {
     d.matmul_silu_mul(M, 4096, 12288);
   }
   d.deferred_norm(16, 4096, 4096, 6144, false, true);
-  d.deferred_norm(16, 4096, 4064, 4096, false, false);  // split emitter's last tile part-filled
+  d.deferred_norm(16, 4096, 4064, 4096, false, false);  // an emitter of one n8 tile a warp
   if (!q) d.deferred_norm(15, 12288, 4096, 151936, false, false);
   d.deferred_norm(3, 64, 64, 96, false, false);  // small, odd
   d.deferred_norm(5, 61, 40, 96, true, false);   // no tensor cores: the default composition

@@ -17,6 +17,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "backend/backend.h"
@@ -852,65 +854,56 @@ class CudaBackend final : public Backend {
       throw Error("graph_probe: DFLASH_CUDA_PROFILE=1 times every op with events, which a graph capture cannot "
                   "hold; probe without it");
     GraphProbe r;
-    cudaEvent_t begin = nullptr, end = nullptr;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    auto release = [&] {
-      if (exec) cudaGraphExecDestroy(exec);
-      if (graph) cudaGraphDestroy(graph);
-      if (begin) cudaEventDestroy(begin);
-      if (end) cudaEventDestroy(end);
+    const Event begin("graph_probe"), end("graph_probe");
+    // Owners: the checks below throw part-way.
+    using GraphOwner = std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, cudaError_t (*)(cudaGraph_t)>;
+    using ExecOwner = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, cudaError_t (*)(cudaGraphExec_t)>;
+    GraphOwner graph(nullptr, cudaGraphDestroy);
+    ExecOwner exec(nullptr, cudaGraphExecDestroy);
+    auto time_ms = [&](const std::function<void()>& one) {
+      one();  // warm-up
+      check(cudaEventRecord(begin, stream_), "graph_probe", "cudaEventRecord");
+      for (int i = 0; i < reps; ++i) one();
+      check(cudaEventRecord(end, stream_), "graph_probe", "cudaEventRecord");
+      check(cudaEventSynchronize(end), "graph_probe", "cudaEventSynchronize");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, begin, end), "graph_probe", "cudaEventElapsedTime");
+      return double(ms) / reps;
     };
-    try {
-      check(cudaEventCreate(&begin), "graph_probe", "cudaEventCreate");
-      check(cudaEventCreate(&end), "graph_probe", "cudaEventCreate");
-      auto time_ms = [&](const std::function<void()>& one) {
-        one();  // warm-up
-        check(cudaEventRecord(begin, stream_), "graph_probe", "cudaEventRecord");
-        for (int i = 0; i < reps; ++i) one();
-        check(cudaEventRecord(end, stream_), "graph_probe", "cudaEventRecord");
-        check(cudaEventSynchronize(end), "graph_probe", "cudaEventSynchronize");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, begin, end), "graph_probe", "cudaEventElapsedTime");
-        return double(ms) / reps;
-      };
-      r.launched_ms = time_ms(step);
-      auto host_ms = [&](const std::function<void()>& what) {
-        check(cudaStreamSynchronize(stream_), "graph_probe", "cudaStreamSynchronize");
-        const auto t0 = std::chrono::steady_clock::now();
-        what();
-        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      };
-      r.host_enqueue_ms = host_ms(step);
-      size_t first_slot = next_slot_;
-      r.host_capture_ms = host_ms([&] { graph = capture(step, "graph_probe"); });
+    r.launched_ms = time_ms(step);
+    auto host_ms = [&](const std::function<void()>& what) {
+      check(cudaStreamSynchronize(stream_), "graph_probe", "cudaStreamSynchronize");
+      const auto t0 = std::chrono::steady_clock::now();
+      what();
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    r.host_enqueue_ms = host_ms(step);
+    size_t first_slot = next_slot_;
+    r.host_capture_ms = host_ms([&] { graph.reset(capture(step, "graph_probe")); });
+    restart_staging_events(first_slot);
+    check(cudaGraphGetNodes(graph.get(), nullptr, &r.nodes), "graph_probe", "cudaGraphGetNodes");
+    check(cudaGraphGetEdges(graph.get(), nullptr, nullptr, nullptr, &r.edges), "graph_probe", "cudaGraphGetEdges");
+    std::vector<cudaGraphNode_t> from(r.edges), to(r.edges);
+    std::vector<cudaGraphEdgeData> data(r.edges);
+    size_t n = r.edges;
+    check(cudaGraphGetEdges(graph.get(), from.data(), to.data(), data.data(), &n), "graph_probe",
+          "cudaGraphGetEdges");
+    for (size_t i = 0; i < n; ++i) r.programmatic_edges += data[i].type == cudaGraphDependencyTypeProgrammatic;
+    r.host_instantiate_ms = host_ms([&] {
+      cudaGraphExec_t e = nullptr;
+      check(cudaGraphInstantiate(&e, graph.get(), 0), "graph_probe", "cudaGraphInstantiate");
+      exec.reset(e);
+    });
+    {
+      first_slot = next_slot_;
+      const GraphOwner again(capture(step, "graph_probe"), cudaGraphDestroy);
       restart_staging_events(first_slot);
-      check(cudaGraphGetNodes(graph, nullptr, &r.nodes), "graph_probe", "cudaGraphGetNodes");
-      check(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &r.edges), "graph_probe", "cudaGraphGetEdges");
-      std::vector<cudaGraphNode_t> from(r.edges), to(r.edges);
-      std::vector<cudaGraphEdgeData> data(r.edges);
-      size_t n = r.edges;
-      check(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n), "graph_probe", "cudaGraphGetEdges");
-      for (size_t i = 0; i < n; ++i) r.programmatic_edges += data[i].type == cudaGraphDependencyTypeProgrammatic;
-      r.host_instantiate_ms =
-          host_ms([&] { check(cudaGraphInstantiate(&exec, graph, 0), "graph_probe", "cudaGraphInstantiate"); });
-      {
-        first_slot = next_slot_;
-        cudaGraph_t again = capture(step, "graph_probe");
-        restart_staging_events(first_slot);
-        cudaGraphExecUpdateResultInfo info{};
-        cudaError_t e = cudaSuccess;
-        r.host_update_ms = host_ms([&] { e = cudaGraphExecUpdate(exec, again, &info); });
-        cudaGraphDestroy(again);
-        check(e, "graph_probe", "cudaGraphExecUpdate");
-      }
-      r.replayed_ms =
-          time_ms([&] { check(cudaGraphLaunch(exec, stream_), "graph_probe", "cudaGraphLaunch"); });
-    } catch (...) {
-      release();
-      throw;
+      cudaGraphExecUpdateResultInfo info{};
+      cudaError_t e = cudaSuccess;
+      r.host_update_ms = host_ms([&] { e = cudaGraphExecUpdate(exec.get(), again.get(), &info); });
+      check(e, "graph_probe", "cudaGraphExecUpdate");
     }
-    release();
+    r.replayed_ms = time_ms([&] { check(cudaGraphLaunch(exec.get(), stream_), "graph_probe", "cudaGraphLaunch"); });
     return r;
   }
 

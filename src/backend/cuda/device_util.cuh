@@ -141,33 +141,6 @@ __device__ __forceinline__ void grid_dependency_begin() {
 #endif
 }
 
-// Thread-block clusters (sm_90): the barrier across a cluster's blocks, split in two so that a
-// block can go on with its own work between arriving and waiting (release/acquire: shared
-// memory written before the arrival is visible to the cluster's blocks after their wait), and
-// a peer block's shared memory. Only kernels launched in clusters on sm_90 call them.
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// The address of `p` (this block's shared memory) in the shared memory of the cluster's block
-// `rank`, as a generic pointer.
-template <typename T>
-__device__ __forceinline__ const T* cluster_peer(const T* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint64_t out;
-  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
-  return reinterpret_cast<const T*>(out);
-#else
-  return p;
-#endif
-}
-
 // Dispatches a functor templated on the element type named by `e`.
 template <typename F>
 void dispatch_elem(Elem e, F&& f) {

@@ -13,11 +13,7 @@
 // kernel, each output sees the same products in the same order for every M. cuBLAS gives no
 // such promise (it picks kernels, split-K and tile orders by shape), which is why verification
 // rows must not go through it while plain decoding rows go through this file.
-#include <algorithm>
-#include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -68,21 +64,11 @@ enum Epilogue : int {
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-//
-// XSPLIT (blocks of several rows of x, sm_90, S > 1): the same warps, grouped the other way. The
-// S slices of a tile of rows of w are spread over a thread-block cluster of C blocks (C divides
-// S), S / C slices a block, so a block's warps share 1/C of x instead of all of it (at 16 rows,
-// the x every block reads from L2 is about as many bytes as its weights). Each block of the
-// cluster stores the columns one block of the unsplit grouping would have (its share of the
-// tile, the unsplit block number blockIdx.x) and adds the S slices' partial sums from the
-// cluster's shared memory, in slice order. Every partial is the same mma's over the same
-// chunks, and the epilogue, Σ y² partials included, is that block's: the same bits for every
-// output, so a row alone (unsplit, C = 1) equals the row in a block (split).
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool XSPLIT = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const SkinnyNorm norm, bool w_uploaded, bool early_y, int C) {
+                      const SkinnyNorm norm, bool w_uploaded, bool early_y) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -93,11 +79,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  if constexpr (!XSPLIT) C = 1;
-  // C blocks of SB slices share a tile of rows of w: G groups of rows a block, warp = local slice · G + group.
-  const int SB = S / C, G = kWarps / SB, rank = int(blockIdx.x) % C;
-  const int group = warp % G, slice = rank * SB + warp / G;
-  const int64_t block_n0 = int64_t(int(blockIdx.x) / C) * G * kCols;
+  const int G = kWarps / S;  // groups of rows of w per block; warp = slice · G + group
+  const int group = warp % G, slice = warp / G;
+  const int64_t block_n0 = int64_t(blockIdx.x) * G * kCols;
   const int64_t n0 = block_n0 + int64_t(group) * kCols;
   const int chunks = K / 32;
   const int c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
@@ -141,16 +125,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // first output adds to and the norm weight it emits with are loaded now, so that their trip
   // to L2 runs under the main loop instead of after it, at the tail of every block. The same
   // values, so the same bits.
-  // The columns of y this block stores: all of its rows of w's, or (XSPLIT) its slice's share,
-  // which are the columns of the unsplit grouping's block number blockIdx.x (tile · S + slice).
-  const int block_cols = G * kCols / C;
-  const int col_off = rank * block_cols;  // of the first column, in the tile's rows of w
-  const int64_t cols0 = block_n0 + col_off;
+  const int block_cols = G * kCols;
   const bool has_early = EPI == kEpiEmitNorm && early_y && int(threadIdx.x) < M * block_cols &&
-                         cols0 + threadIdx.x % block_cols < NO;
+                         block_n0 + threadIdx.x % block_cols < NO;
   float y_early = 0.f, nw_early = 0.f;
   if (has_early) {
-    const int64_t n = cols0 + threadIdx.x % block_cols;
+    const int64_t n = block_n0 + threadIdx.x % block_cols;
     if (accumulate) y_early = to_f32(y[int64_t(threadIdx.x / block_cols) * ldy + n]);
     nw_early = norm.norm_w[n];
   }
@@ -232,47 +212,26 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
-  if constexpr (XSPLIT) {
-    cluster_arrive();  // every block's partials are in its shared memory after the wait
-    cluster_wait();
-  } else {
-    __syncthreads();
-  }
-  // Partial sums of column r of warp group grp, row m, added in slice order.
-  auto slice_sum = [&](int grp, int m, int r) {
-    if constexpr (XSPLIT) {
-      float v[kWarps];  // every load issued before the first add; the adds stay in order
-#pragma unroll
-      for (int s = 0; s < kWarps; ++s)
-        v[s] = s < S ? *cluster_peer(&part[(s % SB) * G + grp][m][r], unsigned(s / SB)) : 0.f;
-      float sum = v[0];
-#pragma unroll
-      for (int s = 1; s < kWarps; ++s)
-        if (s < S) sum += v[s];
-      return sum;
-    } else {
-      float sum = part[grp][m][r];
-      for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
-      return sum;
-    }
-  };
+  __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
   constexpr int kMaxBlockCols = kWarps * kCols;
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
   for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
     const int m = i / block_cols, col = i % block_cols;
-    const int64_t n = cols0 + col;
+    const int64_t n = block_n0 + col;
     if (n >= NO) {
       if constexpr (EPI == kEpiEmitNorm) sq[m][col] = 0.f;
       continue;
     }
-    const int grp = (col_off + col) / kCols, r = (col_off + col) % kCols;
-    float sum = slice_sum(grp, m, r);
+    const int grp = col / kCols, r = col % kCols;
+    float sum = part[grp][m][r];
+    for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
     if constexpr (EPI == kEpiScaleInv) sum *= inv_rms[m];
     Out* dst = y + int64_t(m) * ldy + n;
     if constexpr (PAIR) {
-      float up = slice_sum(grp, m, 8 + r);
+      float up = part[grp][m][8 + r];
+      for (int s = 1; s < S; ++s) up += part[s * G + grp][m][8 + r];
       if constexpr (EPI == kEpiScaleInv) up *= inv_rms[m];
       *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
                                         __bfloat162float(__float2bfloat16_rn(up))));
@@ -286,21 +245,17 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       }
     }
   }
-  // The cluster's blocks read each other's partials above: none may exit (and take its shared
-  // memory with it) before all have.
-  if constexpr (XSPLIT) cluster_arrive();
   // Σ y² of each row over the block's columns, in column order (warp per row, lanes over
   // columns, the fixed butterfly): one partial per (row, block), whatever M is.
   if constexpr (EPI == kEpiEmitNorm) {
     __syncthreads();
-    for (int m = warp; m < M && cols0 < NO; m += kWarps) {
+    for (int m = warp; m < M; m += kWarps) {
       float ss = 0.f;
       for (int col = lane; col < block_cols; col += 32) ss += sq[m][col];
       ss = warp_sum(ss);
       if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + blockIdx.x] = ss;
     }
   }
-  if constexpr (XSPLIT) cluster_wait();
 }
 
 // Process-wide settings, read once (so they can never split a row alone from the same row in a
@@ -317,8 +272,6 @@ struct MmaSettings {
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
   bool prewait = true, early_y = true;
-  int split_max_cluster = 2;  // XSPLIT clusters of at most this many blocks (below 2: never)
-  int split_min_k = 0;        // XSPLIT only for products of at least this K
 };
 
 const MmaSettings& mma_settings() {
@@ -342,8 +295,6 @@ const MmaSettings& mma_settings() {
     }
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
-    if (const char* e = std::getenv("DFLASH_SKINNY_XSPLIT"); e && *e) m.split_max_cluster = std::atoi(e);
-    if (const char* e = std::getenv("DFLASH_SKINNY_XSPLIT_MIN_K"); e && *e) m.split_min_k = std::atoi(e);
     return m;
   }();
   return settings;
@@ -358,66 +309,13 @@ int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
   return (groups + G - 1) / G;
 }
 
-// Whether this device and binary run `blocks` blocks of `kernel` in clusters of `size` with as
-// many resident at a time as without clusters (asked once per kernel and size).
-template <typename Kernel>
-bool clusters_fit(Kernel kernel, int size, int64_t blocks) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), size);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    int active = 0;
-    cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.binaryVersion >= 90) {
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim = {unsigned(size), 1, 1};
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(size) * 64);
-      cfg.blockDim = dim3(kWarps * 32);
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess) active = 0;
-    }
-    (void)cudaGetLastError();  // a refusal is an answer, not an error
-    if (std::getenv("DFLASH_SKINNY_XSPLIT"))  // measuring: say what the device allows
-      std::fprintf(stderr, "skinny XSPLIT: clusters of %d blocks, at most %d resident\n", size, active);
-    it = cache.emplace(key, active).first;
-  }
-  // Measured (H200): 30 clusters of 8 resident against the 32 of the 4096-row products, so two
-  // waves; an XSPLIT that loses residency loses more than its x saves.
-  const int64_t slots = mma_settings().block_slots > 0 ? mma_settings().block_slots : blocks;
-  return it->second > 0 && int64_t(it->second) * size >= std::min(blocks, slots);
-}
-
-// Launches the tensor-core kernel; several rows of x with S > 1 K slices take the XSPLIT grouping
-// in the largest clusters (a power of two up to S and the setting) the device keeps resident.
-// Both groupings give the same bits (see the kernel), so this choice may read M.
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
-  const auto* xp = static_cast<const __nv_bfloat16*>(x);
-  const auto* wp = static_cast<const __nv_bfloat16*>(w);
-  const bool prewait = w_uploaded && mma_settings().prewait, early_y = mma_settings().early_y;
-  const int max_c = std::min(S, mma_settings().split_max_cluster);
-  if (M >= 2 && K >= mma_settings().split_min_k) {
-    const int64_t groups = (PAIR ? N / 2 + 7 : N + NT * 8 - 1) / (PAIR ? 8 : NT * 8);
-    auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, true>;
-    for (int C = 8; C >= 2; C /= 2) {
-      if (C > max_c) continue;
-      const int G = kWarps * C / S;  // groups of rows of w a block
-      const int64_t blocks = (groups + G - 1) / G * C;
-      if (!clusters_fit(kernel, C, blocks)) continue;
-      launch_kernel_clustered("matmul (skinny)", kernel, unsigned(blocks), kWarps * 32, 0, s, unsigned(C), xp, ldx,
-                              wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, early_y, C);
-      return;
-    }
-  }
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(mma_blocks(N, NT, S, PAIR)),
-                kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait,
-                early_y, 1);
+                kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w),
+                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded && mma_settings().prewait,
+                mma_settings().early_y);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
