@@ -98,9 +98,9 @@ if has build; then
     || { tail -40 "$OUT/configure.txt"; echo "configure FAILED"; exit 1; }
   t0=$(date +%s)
   # The whole log to a file (a `| head` here would kill the build with SIGPIPE), then its errors.
-  cmake --build "$BUILD" -j"$JOBS" --target dflash dflash_tests >/tmp/dflash-build.log 2>&1
+  cmake --build "$BUILD" -j"$JOBS" --target dflash ${BUILD_TESTS-dflash_tests} >/tmp/dflash-build.log 2>&1
   grep -E "error|Error" /tmp/dflash-build.log | grep -v avx512fintrin | head -60
-  [[ -x "$BUILD/dflash" && -x "$BUILD/tests/dflash_tests" ]] || { echo "build FAILED"; exit 1; }
+  [[ -x "$BUILD/dflash" && ( -z ${BUILD_TESTS-x} || -x "$BUILD/tests/dflash_tests" ) ]] || { echo "build FAILED"; exit 1; }
   echo "built in $(( $(date +%s) - t0 )) s"
   rm -f "$OUT/configure.txt"
   if [[ -n ${AB_TREE:-} ]]; then
@@ -275,6 +275,54 @@ if has ncu; then
       "$BUILD/dflash" doctor --require-gpu --quick --bandwidth-gib 0 >>"$OUT/ncu_src.txt" 2>&1
     echo "ncu source exit $?"
   done
+fi
+
+if has timeline; then
+  # A second dflash whose kernels stamp a device-side timeline (timeline.h), run on the
+  # Qwen3-8B shapes: plain decode alone, then plain and speculative; tools/timeline_report.py
+  # says per kernel what it costs on the critical path and how the products' blocks start and
+  # end. Compare the timeline build's tokens/s with the bench step's (the stamps' own cost).
+  # With AB_TREE, the B tree gets a timeline build too, and TL_AB ("|"-separated settings)
+  # adds plain-decode timelines of this tree under those settings.
+  step "timeline build (-DDFLASH_CUDA_TIMELINE=ON) and runs at Qwen3-8B shapes"
+  tl_build() {  # source dir, build dir
+    cmake -S "$1" -B "$2" -DDFLASH_CUDA=ON -DDFLASH_CUDA_TIMELINE=ON -DDFLASH_TESTS=OFF -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${CMAKE_DEPS[@]}" >/tmp/tl-configure.txt 2>&1 \
+      && cmake --build "$2" -j"$JOBS" --target dflash >/tmp/tl-build.log 2>&1 \
+      || { tail -5 /tmp/tl-configure.txt; grep -E "error" /tmp/tl-build.log | head -20; echo "timeline build FAILED"; return 1; }
+  }
+  tl_run() {  # label, binary, "draft" or "", settings
+    local label=$1 bin=$2 draft=${3:+--draft $Q8B-dflash}
+    setting_words "${4:-}"
+    env "${words[@]}" DFLASH_CUDA_TIMELINE_RECORDS=25000000 DFLASH_CUDA_TIMELINE_OUT=/tmp/tl_$label.bin timeout 150 \
+      "$bin" bench --device cuda --model $Q8B $draft --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive 2>&1 \
+      | grep -E "^ALL"
+    echo "=== timeline $label (${4:-default})" >>"$OUT/timeline.txt"
+    python3 tools/timeline_report.py ${TL_ARGS:-} /tmp/tl_$label.bin --save "$OUT/timeline_$label.npz" 2>&1 \
+      | tee -a "$OUT/timeline.txt" | grep -E "^== |^(q/k/v|o|gate/up|down|LM head) |^sum"
+    rm -f /tmp/tl_$label.bin "$OUT/timeline_${label}_blocks.npz"
+  }
+  TL=${TL_BUILD:-build-timeline}
+  if tl_build . "$TL"; then
+    [[ -f $Q8B/config.json ]] || "$TL/dflash" synth --preset qwen3-8b --out $Q8B --draft-out $Q8B-dflash
+    # A speculative bench runs plain decoding first: one timeline holds decode, draft and verify.
+    tl_run spec "$TL/dflash" draft
+    IFS='|' read -ra tl_settings <<<"${TL_AB:-}"
+    i=0
+    for setting in "${tl_settings[@]}"; do
+      [[ -n $setting ]] && tl_run "ab$((i++))" "$TL/dflash" draft "$setting"
+    done
+    if [[ -n ${AB_TREE:-} && ! -d /tmp/ab-tree ]]; then
+      mkdir -p /tmp/ab-tree
+      tar --exclude="./$BUILD" --exclude=./.debs --exclude="./$AB_TREE" --exclude="./$TL" -cf - . | tar -C /tmp/ab-tree -xf -
+      cp -r "$AB_TREE"/. /tmp/ab-tree/
+    fi
+    if [[ -n ${AB_TREE:-} ]] && tl_build /tmp/ab-tree /tmp/ab-tree/build-timeline; then
+      tl_run B /tmp/ab-tree/build-timeline/dflash draft
+    fi
+  else
+    status=1
+  fi
 fi
 
 if has golden; then

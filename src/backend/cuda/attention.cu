@@ -579,11 +579,12 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
   // past it (rows beyond kv_len among them) are never read.
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  grid_dependency_begin();
+  const TimelineMark mark = grid_dependency_begin();
   if (n_load > 0) {
     if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
     else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   }
+  mark.exit();
 }
 
 // The merge, after split_kernel: one warp per (row, head), lane l owning output elements

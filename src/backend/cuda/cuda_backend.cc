@@ -26,6 +26,7 @@
 #include "backend/cuda/device_pool.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/profiler.h"
+#include "backend/cuda/timeline.h"
 
 namespace dflash {
 namespace cuda {
@@ -116,11 +117,13 @@ class CudaBackend final : public Backend {
       check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
     check(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking), "init", "cudaStreamCreate");
     prof_ = OpProfiler::from_env(stream_);
+    timeline_ = Timeline::from_env();
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     prof_.reset();  // prints the profile, if one was asked for
+    timeline_.reset();  // writes the timeline, if one was asked for
     for (auto& [key, r] : recorded_)
       for (auto e : r.exec)
         if (e) cudaGraphExecDestroy(e);
@@ -1030,6 +1033,7 @@ class CudaBackend final : public Backend {
   size_t next_slot_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
+  std::unique_ptr<Timeline> timeline_;  // null unless DFLASH_CUDA_TIMELINE_OUT is set
   struct RecordedStep {
     cudaGraphExec_t exec[2] = {nullptr, nullptr};
     int next = 0;

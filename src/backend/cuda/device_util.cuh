@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/timeline.cuh"
 
 namespace dflash::cuda {
 
@@ -133,12 +134,15 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[4], const void* sme
 // must itself have waited for its own predecessor for the chain to hold. The trigger that
 // follows lets the next kernel be scheduled now that this one has nothing left to wait for;
 // it is placed after the wait so at most one kernel waits ahead. No-ops where the kernel was
-// launched without the attribute, and on pre-sm_90 targets.
-__device__ __forceinline__ void grid_dependency_begin() {
+// launched without the attribute, and on pre-sm_90 targets. The mark it returns is the
+// block's entry on the measuring timeline (timeline.cuh; empty in a normal build).
+__device__ __forceinline__ TimelineMark grid_dependency_begin() {
+  const TimelineArrival arrival = timeline_arrive();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+  return timeline_waited(arrival);
 }
 
 // Dispatches a functor templated on the element type named by `e`.
