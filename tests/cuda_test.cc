@@ -262,6 +262,34 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
     });
   }
   {
+    // More tiles than blocks resident at once (1250 of 16 rows against 264 slots on an H200):
+    // the persistent kernel, its blocks taking tiles from the stream's counter. Every output is
+    // checked against a double-precision product of the same bf16 values, so a tile computed
+    // twice or never would show; the second launch finds the counter set back.
+    const int64_t N = 20000;
+    const Tensor x = tensor(M, K, 1.f, DType::BF16), w = tensor(N, K, 0.02f, DType::BF16);
+    Tensor y = b.alloc(M, N, DType::F32), y2 = b.alloc(M, N, DType::F32);
+    b.matmul(x, w, y);
+    b.matmul(x, w, y2);
+    const auto block = download(b, y);
+    EXPECT_EQ(block, download(b, y2)) << "a second launch of the same block";
+    const auto xv = download(b, x), wv = download(b, w);
+    double err = 0, ref = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double d = 0;
+        for (int64_t k = 0; k < K; ++k) d += double(xv[m * K + k]) * wv[n * K + k];
+        err += (block[m * N + n] - d) * (block[m * N + n] - d);
+        ref += d * d;
+      }
+    EXPECT_LT(std::sqrt(err / ref), 1e-5) << "matmul with more tiles than resident blocks";
+    same_rows("matmul, many tiles", block, M, N, [&](int64_t m) {
+      Tensor y1 = b.alloc(1, N, DType::F32);
+      b.matmul(x.slice_rows(m, 1), w, y1);
+      return download(b, y1);
+    });
+  }
+  {
     const int64_t I = 12288;
     const Tensor x = tensor(M, K, 1.f, DType::BF16), w = tensor(2 * I, K, 0.02f, DType::BF16);
     Tensor act = b.alloc(M, I, DType::BF16);

@@ -13,7 +13,10 @@
 // kernel, each output sees the same products in the same order for every M. cuBLAS gives no
 // such promise (it picks kernels, split-K and tile orders by shape), which is why verification
 // rows must not go through it while plain decoding rows go through this file.
+#include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -118,7 +121,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // while the kernel before this one finishes (launch.cuh); anything else waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
   if (w_uploaded && active) load(cur, c_begin);
-  grid_dependency_begin();
+  const TimelineMark mark = grid_dependency_begin();
+  mark.shape(N, K, M);
   if (!w_uploaded && active) load(cur, c_begin);
 
   // The residual products (o_proj, down: emitting the next norm): the residual this thread's
@@ -256,6 +260,254 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + blockIdx.x] = ss;
     }
   }
+  mark.exit();
+}
+
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
+                      int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
+                      const SkinnyNorm norm, bool w_uploaded, bool early_y, int tiles, unsigned* sched) {
+  static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
+  constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
+  static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
+  constexpr int kRows = NT * 8;                // rows of w per warp
+  constexpr int kCols = PAIR ? 8 : kRows;      // columns of y per warp
+  const int64_t NO = PAIR ? N / 2 : N;         // columns of y
+  __shared__ float part[kWarps][MT * 16][kRows];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int G = kWarps / S;  // groups of rows of w per tile; warp = slice · G + group
+  const int group = warp % G, slice = warp / G;
+  const int chunks = K / 32;
+  const int c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
+  const int block_cols = G * kCols;
+
+  // skinny_mma_kernel for more tiles than resident slots. A tile is what one block of
+  // skinny_mma_kernel computes: G groups of rows of w, all K. The grid holds one block per
+  // resident slot; block b starts with tile b and then takes the next tile from `sched` (a
+  // counter of this stream's, see sched_counter) or, with none, tile b + gridDim.x, and so on.
+  // The next tile's first weight batch is issued before the current tile's epilogue, so a
+  // block's loads do not stop between tiles as they did between one block's exit and the next
+  // block's first loads (the gate/up product, 768 tiles, ran in three waves of blocks). Which
+  // block computes a tile changes nothing in how: the same mma's, chunks and sums, the same
+  // bits as skinny_mma_kernel. (That kernel keeps its own body: one body for both, the loop
+  // compiled away for one tile, had ptxas schedule the one-tile products differently, and plain
+  // decode at Qwen3-8B shapes ran 2 % slower; H200, 2026-12-01, docs/benchmarks.md.)
+  //
+  // The counter: after the wait, one kernel at a time uses it (each waits for the one before).
+  // Each block takes one number per tile it computes, the last one failing, so the numbers
+  // taken are exactly `tiles`; whoever takes number tiles − 1 took the last and sets it back to
+  // zero for the next kernel.
+  __shared__ unsigned next_tile;
+  int tile = blockIdx.x;
+  int64_t block_n0 = int64_t(tile) * block_cols;
+  int64_t n0 = block_n0 + int64_t(group) * kCols;
+
+  // 16-byte units: chunk c of lane t is unit 4c + t of the row.
+  const uint4* wrow[NT];
+  auto point_rows = [&](int64_t first) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      int64_t n = first + nt * 8 + g;
+      if constexpr (PAIR) n = first + g < NO ? nt * NO + first + g : N - 1;
+      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+    }
+  };
+  point_rows(n0);
+  // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
+  // to keep the compiler from hoisting them); the mma's for those steps are skipped.
+  const int c_last = c_end - 1;
+  uint4 cur[U][NT], next[U][NT];
+  auto load = [&](uint4 (&dst)[U][NT], int c) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cu = c + u < c_last ? c + u : c_last;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
+    }
+  };
+  // An uploaded weight is never written by a kernel, so its first batch may be in flight
+  // while the kernel before this one finishes (launch.cuh); anything else waits first.
+  bool active = n0 < NO && c_begin < c_end;  // warp-uniform
+  if (w_uploaded && active) load(cur, c_begin);
+  const TimelineMark mark = grid_dependency_begin();
+  mark.shape(N, K, M);
+  if (!w_uploaded && active) load(cur, c_begin);
+
+  // The residual products (o_proj, down: emitting the next norm): the residual this thread's
+  // first output adds to and the norm weight it emits with are loaded now, so that their trip
+  // to L2 runs under the main loop instead of after it, at the tail of every tile. The same
+  // values, so the same bits.
+  bool has_early = false;
+  float y_early = 0.f, nw_early = 0.f;
+  auto load_early = [&] {
+    has_early = EPI == kEpiEmitNorm && early_y && int(threadIdx.x) < M * block_cols &&
+                block_n0 + threadIdx.x % block_cols < NO;
+    if (has_early) {
+      const int64_t n = block_n0 + threadIdx.x % block_cols;
+      if (accumulate) y_early = to_f32(y[int64_t(threadIdx.x / block_cols) * ldy + n]);
+      nw_early = norm.norm_w[n];
+    }
+  };
+  load_early();
+
+  // Each row's 1/rms from the emitting product's partial sums (written by the kernel before
+  // this one, so after the wait; here, while the first weight batch is in flight: after the
+  // main loop it made a DFlash step 0.15-0.17 ms slower, H200 2026-11-30): the two
+  // half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
+  // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
+  __shared__ float inv_rms[MT * 16];
+  if constexpr (EPI == kEpiScaleInv) {
+    const int half = lane / 16, l16 = lane % 16;
+    for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
+      float ss = 0.f;
+      if (m < M) {
+        const float* p = norm.partial_in + int64_t(m) * norm.ld_partial;
+#pragma unroll 16
+        for (int b = l16; b < norm.parts; b += 16) ss += p[b];
+      }
+#pragma unroll
+      for (int o = 8; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (l16 == 0 && m < M) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
+    }
+  }
+
+  constexpr int kMaxBlockCols = kWarps * kCols;
+  __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
+  for (;;) {
+    unsigned taken = 0;
+    if (sched && threadIdx.x == 0) taken = atomicAdd(sched, 1u);  // used after the main loop
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+    if (active) {  // an idle warp still takes part in the barriers below
+      const uint4* xrow[MT][2];
+      bool xin[MT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = mt * 16 + h * 8 + g;
+          xin[mt][h] = m < M;
+          xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t;
+        }
+
+      for (int c = c_begin; c < c_end; c += U) {
+        if (c + U < c_end) load(next, c + U);
+        // x for XU steps at a time, loaded together so their latencies overlap (one step at a
+        // time with two m16 tiles, where the registers would not hold more without spilling).
+        constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
+#pragma unroll
+        for (int u0 = 0; u0 < U; u0 += XU) {
+          uint4 a[XU][MT][2];
+#pragma unroll
+          for (int u = 0; u < XU; ++u) {
+            const int cu = c + u0 + u < c_last ? c + u0 + u : c_last;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                a[u][mt][h] = xin[mt][h] ? __ldg(xrow[mt][h] + 4 * cu) : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int u = 0; u < XU; ++u) {
+            if (c + u0 + u >= c_end) break;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                const uint4 b = cur[u0 + u][nt];
+                const uint4 lo = a[u][mt][0], hi = a[u][mt][1];  // rows g and g+8
+                mma_bf16_16x8x16(acc[mt][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+                mma_bf16_16x8x16(acc[mt][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+              }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) cur[u][nt] = next[u][nt];
+      }
+    }
+
+    // Accumulator fragment: rows g and g+8 of the m16 tile, columns 2t and 2t+1 of the n8 tile.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
+    if (sched && threadIdx.x == 0) {
+      next_tile = taken + gridDim.x;
+      if (taken == unsigned(tiles) - 1) *sched = 0;
+    }
+    __syncthreads();
+
+    // The next tile's first batch goes out now, before this tile's epilogue.
+    const int this_tile = tile;
+    const int64_t this_n0 = block_n0;
+    tile = sched ? int(next_tile) : tile + int(gridDim.x);
+    const bool more = tile < tiles;  // block-uniform
+    if (more) {
+      block_n0 = int64_t(tile) * block_cols;
+      n0 = block_n0 + int64_t(group) * kCols;
+      active = n0 < NO && c_begin < c_end;
+      point_rows(n0);
+      if (active) load(cur, c_begin);
+    }
+
+    // Consecutive threads take consecutive columns of one row of y: coalesced stores.
+    for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
+      const int m = i / block_cols, col = i % block_cols;
+      const int64_t n = this_n0 + col;
+      if (n >= NO) {
+        if constexpr (EPI == kEpiEmitNorm) sq[m][col] = 0.f;
+        continue;
+      }
+      const int grp = col / kCols, r = col % kCols;
+      float sum = part[grp][m][r];
+      for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
+      if constexpr (EPI == kEpiScaleInv) sum *= inv_rms[m];
+      Out* dst = y + int64_t(m) * ldy + n;
+      if constexpr (PAIR) {
+        float up = part[grp][m][8 + r];
+        for (int s = 1; s < S; ++s) up += part[s * G + grp][m][8 + r];
+        if constexpr (EPI == kEpiScaleInv) up *= inv_rms[m];
+        *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
+                                          __bfloat162float(__float2bfloat16_rn(up))));
+      } else {
+        const bool early = has_early && i == int(threadIdx.x);
+        const float v = accumulate ? (early ? y_early : to_f32(*dst)) + sum : sum;
+        *dst = from_f32<Out>(v);
+        if constexpr (EPI == kEpiEmitNorm) {
+          norm.h[int64_t(m) * norm.ldh + n] = __float2bfloat16_rn((early ? nw_early : norm.norm_w[n]) * v);
+          sq[m][col] = v * v;
+        }
+      }
+    }
+    // Σ y² of each row over the tile's columns, in column order (warp per row, lanes over
+    // columns, the fixed butterfly): one partial per (row, tile), whatever M is.
+    if constexpr (EPI == kEpiEmitNorm) {
+      __syncthreads();
+      for (int m = warp; m < M; m += kWarps) {
+        float ss = 0.f;
+        for (int col = lane; col < block_cols; col += 32) ss += sq[m][col];
+        ss = warp_sum(ss);
+        if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + this_tile] = ss;
+      }
+    }
+    if (!more) break;
+    load_early();
+    __syncthreads();  // part and sq are written again by the next tile
+  }
+  mark.exit();
 }
 
 // Process-wide settings, read once (so they can never split a row alone from the same row in a
@@ -265,13 +517,17 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // DFLASH_SKINNY_MMA=0 forces the CUDA-core kernels (to compare against them),
 // DFLASH_SKINNY_TARGET_WARPS=n replaces the wave rule by a K-split target of n warps,
 // DFLASH_SKINNY_PREWAIT=0 loads an uploaded weight's first batch after the grid dependency wait
-// too, and DFLASH_SKINNY_EARLY_Y=0 loads the emitting products' residual at the end of the
-// block, as before the tenth pass.
+// too, DFLASH_SKINNY_EARLY_Y=0 loads the emitting products' residual at the end of the
+// block, as before the tenth pass, and DFLASH_SKINNY_PERSIST=0 launches a block a tile even
+// where there are more tiles than slots (as before the eighteenth pass), =1 has the
+// persistent kernel's blocks take their tiles in a fixed stride instead of from the counter.
 struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
+  int sms = 0;
   bool prewait = true, early_y = true;
+  int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
 };
 
 const MmaSettings& mma_settings() {
@@ -286,7 +542,7 @@ const MmaSettings& mma_settings() {
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) == cudaSuccess &&
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
-      m.block_slots = int64_t(sms) * 2;  // 8-warp blocks, two per SM (16 warps)
+      m.block_slots = int64_t(sms) * 2, m.sms = sms;  // 8-warp blocks, two per SM (16 warps)
     else
       (void)cudaGetLastError();
     if (const char* e = std::getenv("DFLASH_SKINNY_TARGET_WARPS"); e && std::atoll(e) > 0) {
@@ -295,6 +551,7 @@ const MmaSettings& mma_settings() {
     }
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
+    if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
     return m;
   }();
   return settings;
@@ -309,13 +566,56 @@ int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
   return (groups + G - 1) / G;
 }
 
+// The tile counters of skinny_mma_kernel: one per stream, since products on two streams may
+// run at once, each set back to zero by the kernel that used it last. Zero at module load.
+constexpr int kSchedCounters = 64;
+__device__ unsigned g_sched_counters[kSchedCounters];
+
+unsigned* sched_counter(cudaStream_t s) {
+  static std::mutex mutex;
+  static std::map<cudaStream_t, int> slots;
+  static unsigned* base = [] {
+    void* p = nullptr;
+    check(cudaGetSymbolAddress(&p, g_sched_counters), "matmul (skinny)", "cudaGetSymbolAddress");
+    return static_cast<unsigned*>(p);
+  }();
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = slots.try_emplace(s, static_cast<int>(slots.size() % kSchedCounters)).first;
+  return base + it->second;
+}
+
+template <int MT, int NT, typename Out, int EPI, bool PAIR>
+int64_t persistent_slots() {
+  // Blocks of the persistent kernel resident at once (two per SM by its launch bounds).
+  static const int64_t slots = [] {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR>,
+                                                      kWarps * 32, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      per_sm = 0;
+    }
+    return int64_t(per_sm) * mma_settings().sms;
+  }();
+  return slots;
+}
+
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
-  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(mma_blocks(N, NT, S, PAIR)),
-                kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w),
-                ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, w_uploaded && mma_settings().prewait,
-                mma_settings().early_y);
+  const MmaSettings& ms = mma_settings();
+  const int64_t tiles = mma_blocks(N, NT, S, PAIR);
+  const auto* xp = static_cast<const __nv_bfloat16*>(x);
+  const auto* wp = static_cast<const __nv_bfloat16*>(w);
+  const bool prewait = w_uploaded && ms.prewait;
+  if (const int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR>() : 0; slots > 0 && tiles > slots) {
+    unsigned* sched = ms.persist == 2 ? sched_counter(s) : nullptr;
+    launch_kernel("matmul (skinny)", skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR>, unsigned(slots), kWarps * 32, 0,
+                  s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y,
+                  static_cast<int>(tiles), sched);
+    return;
+  }
+  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
+                wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
