@@ -12,6 +12,9 @@
 #   DOCTOR_ARGS=--bandwidth-sweep STEPS="build doctor" scripts/gpu_run.sh   # read-bandwidth sweep too
 #   STEPS="build tests" TEST_AB="DFLASH_CUDA_PDL=0" scripts/gpu_run.sh   # tests again under settings
 #   STEPS="build ncu" NCU_SOURCE="split_kernel:5" scripts/gpu_run.sh   # Nsight Compute (step "ncu")
+#   STEPS="timeline" scripts/gpu_run.sh      # device-side timeline of every kernel (a second build)
+#   STEPS="timeline" AB_TREE=ab_prev TL_AB="DFLASH_SKINNY_PERSIST=0" scripts/gpu_run.sh   # of both trees
+#   BUILD_TESTS= STEPS="build bench" scripts/gpu_run.sh   # build dflash alone, not dflash_tests
 #
 # The device image is Ubuntu with CUDA, CMake 4 and g++ 13 but may lack the engine's system
 # libraries (nlohmann-json, CLI11, PCRE2, utf8proc, OpenMP OpenBLAS, GoogleTest). Those come
