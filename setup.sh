@@ -34,7 +34,7 @@ fi
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import openai, requests" 2>/dev/null; then
+if ! .venv/bin/python -c "import openai, requests, numpy" 2>/dev/null; then
   .venv/bin/pip install -q -r tools/requirements-test.txt
 fi
 

@@ -142,6 +142,8 @@ def kernel_name(L, i):
 def forwards(L):
     """Split the launch sequence at the LM head (the product with the largest N): each piece
     is one forward pass. Its class: rows of the LM head and how many q/k/v products it holds."""
+    if "names" not in L:
+        L["names"] = name_launches(L)
     vocab = int(L["n"].max())
     heads = np.nonzero(L["n"] == vocab)[0]
     pieces, begin = [], 0
@@ -182,35 +184,10 @@ def report(path, skip, bandwidth, save):
         print(f"globaltimer: smallest step between stamps {int(d[d > 0].min()) if (d > 0).any() else 0} ns; "
               f"stamps that are multiples of 32 ns: {np.mean(rec['t_wait'] % 32 == 0):.0%}, of 1 us: "
               f"{np.mean(rec['t_wait'] % 1000 == 0):.0%}")
-    nxt = np.append(L["t_wait_min"][1:], L["t_exit_max"][-1])
-    period = (nxt - L["t_wait_min"]) / 1e3  # us
-
-    by_class = collections.defaultdict(list)
-    for cls, idx in forwards(L):
-        by_class[cls].append(idx)
-    for cls, pieces in by_class.items():
-        if cls == "other" or len(pieces) <= skip:
-            continue
-        pieces = pieces[skip:]
+    for cls, pieces, rows, weight_bytes in kernel_tables(L, skip):
         times = [(L["t_exit_max"][p[-1]] - L["t_wait_min"][p[0]]) / 1e3 for p in pieces]
         print(f"\n== {cls}: {len(pieces)} forwards (after skipping {skip}); "
               f"first start to LM head's last exit: median {np.median(times):.1f} us")
-        rows = collections.OrderedDict()
-        weight_bytes = 0
-        for p in pieces:
-            for i in p:
-                name = kernel_name(L, i)
-                r = rows.setdefault(name, collections.defaultdict(list))
-                r["period"].append(period[i])
-                if L["n"][i]:
-                    r["bytes"].append(2.0 * L["n"][i] * L["k"][i])
-                    if L["t_exit_max"][i]:
-                        r["tail"].append((L["t_exit_max"][i] - L["t_exit_min"][i]) / 1e3)
-                        r["drain"].append((nxt[i] - L["t_exit_max"][i]) / 1e3)
-                    r["lead"].append((L["t_wait_min"][i] - L["t_entry_min"][i]) / 1e3)
-                    r["spread"].append((L["t_wait_max"][i] - L["t_wait_min"][i]) / 1e3)
-        for p in pieces[:1]:
-            weight_bytes = sum(2.0 * L["n"][i] * L["k"][i] for i in p)
         print(f"{'kernel':<22} {'a fwd':>6} {'period us':>10} {'ms a fwd':>9} {'GB/s':>7} {'of bw':>6} "
               f"{'tail':>6} {'drain':>6} {'lead':>6} {'spread':>6}")
         total = 0.0
@@ -229,6 +206,39 @@ def report(path, skip, bandwidth, save):
         bound = weight_bytes / bandwidth * 1e3
         print(f"{'sum of periods':<22} {'':>6} {'':>10} {total:9.3f}   weight bytes {weight_bytes / 1e9:.2f} GB "
               f"= {bound:.3f} ms at {bandwidth / 1e9:.0f} GB/s")
+
+
+def kernel_tables(L, skip):
+    """Per kind of forward (after the first `skip` of each kind): its forwards (launch indices),
+    and per kernel name the list of each of its launches' period, weight bytes, tail, drain,
+    lead and spread (us), and the weight bytes of one forward."""
+    if "names" not in L:
+        L["names"] = name_launches(L)
+    nxt = np.append(L["t_wait_min"][1:], L["t_exit_max"][-1])
+    period = (nxt - L["t_wait_min"]) / 1e3  # us
+    by_class = collections.defaultdict(list)
+    for cls, idx in forwards(L):
+        by_class[cls].append(idx)
+    out = []
+    for cls, pieces in by_class.items():
+        if cls == "other" or len(pieces) <= skip:
+            continue
+        pieces = pieces[skip:]
+        rows = collections.OrderedDict()
+        for p in pieces:
+            for i in p:
+                r = rows.setdefault(kernel_name(L, i), collections.defaultdict(list))
+                r["period"].append(period[i])
+                if L["n"][i]:
+                    r["bytes"].append(2.0 * L["n"][i] * L["k"][i])
+                    if L["t_exit_max"][i]:
+                        r["tail"].append((L["t_exit_max"][i] - L["t_exit_min"][i]) / 1e3)
+                        r["drain"].append((nxt[i] - L["t_exit_max"][i]) / 1e3)
+                    r["lead"].append((L["t_wait_min"][i] - L["t_entry_min"][i]) / 1e3)
+                    r["spread"].append((L["t_wait_max"][i] - L["t_wait_min"][i]) / 1e3)
+        weight_bytes = sum(2.0 * L["n"][i] * L["k"][i] for i in pieces[0])
+        out.append((cls, pieces, rows, weight_bytes))
+    return out
 
 
 def main():
