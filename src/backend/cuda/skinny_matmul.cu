@@ -265,9 +265,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
-                      int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const SkinnyNorm norm, bool w_uploaded, bool early_y, int tiles, unsigned* sched) {
+    skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
+                                 const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
+                                 int M, int N, int K, int S, bool accumulate, const SkinnyNorm norm, bool w_uploaded,
+                                 bool early_y, int tiles, unsigned* sched) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -566,8 +567,10 @@ int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
   return (groups + G - 1) / G;
 }
 
-// The tile counters of skinny_mma_kernel: one per stream, since products on two streams may
-// run at once, each set back to zero by the kernel that used it last. Zero at module load.
+// The tile counters of skinny_mma_persistent_kernel: one per stream, since products on two
+// streams may run at once, each set back to zero by the kernel that used it last. Zero at
+// module load. Streams take them round-robin: past 64 streams two share one, which is wrong
+// only if both run a persistent product at the same moment (the backend uses one stream).
 constexpr int kSchedCounters = 64;
 __device__ unsigned g_sched_counters[kSchedCounters];
 
