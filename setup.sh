@@ -30,7 +30,8 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
 fi
 
-# Test tooling from PyPI (the official openai client for the server tests) lives in its own venv.
+# Test tooling from PyPI (the official openai client for the server tests, numpy for the timeline
+# report's test) lives in its own venv.
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
