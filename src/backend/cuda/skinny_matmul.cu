@@ -14,6 +14,7 @@
 // such promise (it picks kernels, split-K and tile orders by shape), which is why verification
 // rows must not go through it while plain decoding rows go through this file.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -521,7 +522,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // too, DFLASH_SKINNY_EARLY_Y=0 loads the emitting products' residual at the end of the
 // block, as before the tenth pass, and DFLASH_SKINNY_PERSIST=0 launches a block a tile even
 // where there are more tiles than slots (as before the eighteenth pass), =1 has the
-// persistent kernel's blocks take their tiles in a fixed stride instead of from the counter.
+// persistent kernel's blocks take their tiles in a fixed stride instead of from the counter;
+// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape (measuring only).
 struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
@@ -529,6 +531,7 @@ struct MmaSettings {
   int sms = 0;
   bool prewait = true, early_y = true;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
+  std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
 };
 
 const MmaSettings& mma_settings() {
@@ -553,6 +556,19 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
+    // "N:K=S,…": the K slices of the weight of that shape (a power of two up to 8), instead of
+    // the wave rule's; a malformed item is ignored.
+    if (const char* e = std::getenv("DFLASH_SKINNY_SLICES")) {
+      std::string list = e;
+      for (size_t start = 0; start < list.size();) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        int n = 0, k = 0, sl = 0;
+        if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d=%d", &n, &k, &sl) == 3 &&
+            (sl == 1 || sl == 2 || sl == 4 || sl == 8))
+          m.slices[{n, k}] = sl;
+        start = end + 1;
+      }
+    }
     return m;
   }();
   return settings;
@@ -630,7 +646,15 @@ struct MmaTiling {
 // target. Measured on the H200 (doctor, 2026-11-29), the gate/up product (N = 24576) ran 10 %
 // slower with 2 slices (384 blocks: 1.45 waves of 264 block slots) than with 1 or 4 (0.73 and
 // 2.9 waves), and the 4096-row products were fastest at 8 slices (0.97 waves).
+MmaTiling mma_tiling_rule(int N, int K, int64_t target_warps, int64_t block_slots);
 MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
+  MmaTiling m = mma_tiling_rule(N, K, target_warps, block_slots);
+  if (const auto it = mma_settings().slices.find({N, K});
+      it != mma_settings().slices.end() && (it->second == 1 || K / 32 >= it->second * kMinSliceChunks))
+    m.S = it->second;
+  return m;
+}
+MmaTiling mma_tiling_rule(int N, int K, int64_t target_warps, int64_t block_slots) {
   MmaTiling m;
   // Two n8 tiles per warp once there are rows enough to fill the GPU that way; then as many K
   // slices per block as it takes to reach the target warp count, while slices stay long.
