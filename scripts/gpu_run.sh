@@ -282,11 +282,12 @@ fi
 
 if has timeline; then
   # A second dflash whose kernels stamp a device-side timeline (timeline.h), run on the
-  # Qwen3-8B shapes: plain decode alone, then plain and speculative; tools/timeline_report.py
+  # Qwen3-8B shapes (one speculative bench: plain decoding, then DFlash); tools/timeline_report.py
   # says per kernel what it costs on the critical path and how the products' blocks start and
   # end. Compare the timeline build's tokens/s with the bench step's (the stamps' own cost).
   # With AB_TREE, the B tree gets a timeline build too, and TL_AB ("|"-separated settings)
-  # adds plain-decode timelines of this tree under those settings.
+  # adds timelines of this tree under those settings. TL_ARGS=--blocks also brings back the
+  # block records of a few forwards (mind the 8 files that come back).
   step "timeline build (-DDFLASH_CUDA_TIMELINE=ON) and runs at Qwen3-8B shapes"
   tl_build() {  # source dir, build dir
     cmake -S "$1" -B "$2" -DDFLASH_CUDA=ON -DDFLASH_CUDA_TIMELINE=ON -DDFLASH_TESTS=OFF -DCMAKE_BUILD_TYPE=Release \
@@ -303,7 +304,7 @@ if has timeline; then
     echo "=== timeline $label (${4:-default})" >>"$OUT/timeline.txt"
     python3 tools/timeline_report.py ${TL_ARGS:-} /tmp/tl_$label.bin --save "$OUT/timeline_$label.npz" 2>&1 \
       | tee -a "$OUT/timeline.txt" | grep -E "^== |^(q/k/v|o|gate/up|down|LM head) |^sum"
-    rm -f /tmp/tl_$label.bin "$OUT/timeline_${label}_blocks.npz"
+    rm -f /tmp/tl_$label.bin
   }
   TL=${TL_BUILD:-build-timeline}
   if tl_build . "$TL"; then

@@ -29,9 +29,18 @@ RECORD = np.dtype([
     ("grid", "<u8"), ("t_entry", "<u8"), ("t_wait", "<u8"), ("t_exit", "<u8"),
     ("c_entry", "<u8"), ("c_wait", "<u8"), ("c_exit", "<u8"),
     ("sm", "<u4"), ("block", "<u4"), ("grid_blocks", "<u4"), ("threads", "<u4"),
-    ("n", "<u4"), ("k", "<u4"), ("m", "<u4"), ("tag", "<u4"),
+    ("n", "<u4"), ("k", "<u4"), ("m", "<u4"), ("pad", "<u4"),
 ])
 assert RECORD.itemsize == 88
+
+
+def runs(rec):
+    """The records in the order of their wait stamps, and each one's launch index (launches()
+    says why a launch is one run in that order)."""
+    rec = rec[np.argsort(rec["t_wait"], kind="stable")]
+    sig = np.stack([rec["grid"], rec["grid_blocks"].astype(np.uint64), rec["threads"].astype(np.uint64),
+                    rec["n"].astype(np.uint64), rec["k"].astype(np.uint64), rec["m"].astype(np.uint64)], axis=1)
+    return rec, np.concatenate([[0], np.cumsum(np.any(sig[1:] != sig[:-1], axis=1))])
 
 
 def launches(rec):
@@ -41,11 +50,7 @@ def launches(rec):
     a block passes its wait only once the launch before has completed, so in the order of the
     wait stamps each launch's blocks come as one run: a launch ends where the grid id or the
     shape changes."""
-    rec = rec[np.argsort(rec["t_wait"], kind="stable")]
-    sig = np.stack([rec["grid"], rec["grid_blocks"].astype(np.uint64), rec["threads"].astype(np.uint64),
-                    rec["n"].astype(np.uint64), rec["k"].astype(np.uint64), rec["m"].astype(np.uint64)], axis=1)
-    change = np.any(sig[1:] != sig[:-1], axis=1)
-    inv = np.concatenate([[0], np.cumsum(change)])
+    rec, inv = runs(rec)
     n = int(inv[-1]) + 1
     out = {}
     for key in ("t_entry", "t_wait"):
@@ -75,11 +80,7 @@ def save_blocks(rec, L, path, per_class=2, skip=8):
     """The block records of a few forwards of each kind, times in ns from the forward's start
     (int32), with each block's launch index inside its forward: what a per-block look needs,
     small enough to bring back from the GPU machine."""
-    L["names"] = name_launches(L)
-    rec = rec[np.argsort(rec["t_wait"], kind="stable")]
-    sig = np.stack([rec["grid"], rec["grid_blocks"].astype(np.uint64), rec["threads"].astype(np.uint64),
-                    rec["n"].astype(np.uint64), rec["k"].astype(np.uint64), rec["m"].astype(np.uint64)], axis=1)
-    inv = np.concatenate([[0], np.cumsum(np.any(sig[1:] != sig[:-1], axis=1))])
+    rec, inv = runs(rec)
     out = {}
     by_class = collections.defaultdict(list)
     for cls, idx in forwards(L):
@@ -163,7 +164,7 @@ def forwards(L):
     return pieces
 
 
-def report(path, skip, bandwidth, save):
+def report(path, skip, bandwidth, save, blocks):
     rec, L = load(path)
     if rec is not None:
         print(f"{path}: {len(rec)} block records")
@@ -172,9 +173,8 @@ def report(path, skip, bandwidth, save):
     if save:
         np.savez_compressed(save, **L)
         print(f"launch table written to {save}")
-        if rec is not None and save.endswith(".npz"):
+        if blocks and rec is not None and save.endswith(".npz"):
             save_blocks(rec, dict(L), save[:-4] + "_blocks.npz")
-    L["names"] = name_launches(L)
     short = L["blocks_seen"] != L["grid_blocks"]
     print(f"{len(L['grid'])} launches; {int(short.sum())} whose block records are not one a block "
           "(a kernel whose thread 0 returns before its wait, a full ring, or two launches taken for one)")
@@ -247,9 +247,11 @@ def main():
     ap.add_argument("--skip", type=int, default=4, help="forwards of each kind left out at the start (warm-up)")
     ap.add_argument("--bytes-per-s", type=float, default=4.29e12, help="the copy bandwidth to compare against")
     ap.add_argument("--save", nargs="*", default=[], help="write each file's launch table (.npz) to these paths")
+    ap.add_argument("--blocks", action="store_true",
+                    help="with --save, also the block records of a few forwards of each kind (NAME_blocks.npz)")
     a = ap.parse_args()
     for i, f in enumerate(a.files):
-        report(f, a.skip, a.bytes_per_s, a.save[i] if i < len(a.save) else None)
+        report(f, a.skip, a.bytes_per_s, a.save[i] if i < len(a.save) else None, a.blocks)
     return 0
 
 

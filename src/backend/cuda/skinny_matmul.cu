@@ -646,14 +646,6 @@ struct MmaTiling {
 // target. Measured on the H200 (doctor, 2026-11-29), the gate/up product (N = 24576) ran 10 %
 // slower with 2 slices (384 blocks: 1.45 waves of 264 block slots) than with 1 or 4 (0.73 and
 // 2.9 waves), and the 4096-row products were fastest at 8 slices (0.97 waves).
-MmaTiling mma_tiling_rule(int N, int K, int64_t target_warps, int64_t block_slots);
-MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
-  MmaTiling m = mma_tiling_rule(N, K, target_warps, block_slots);
-  if (const auto it = mma_settings().slices.find({N, K});
-      it != mma_settings().slices.end() && (it->second == 1 || K / 32 >= it->second * kMinSliceChunks))
-    m.S = it->second;
-  return m;
-}
 MmaTiling mma_tiling_rule(int N, int K, int64_t target_warps, int64_t block_slots) {
   MmaTiling m;
   // Two n8 tiles per warp once there are rows enough to fill the GPU that way; then as many K
@@ -676,6 +668,15 @@ MmaTiling mma_tiling_rule(int N, int K, int64_t target_warps, int64_t block_slot
       m.S = S;
     }
   }
+  return m;
+}
+
+// The rule, or DFLASH_SKINNY_SLICES where it names the shape.
+MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
+  MmaTiling m = mma_tiling_rule(N, K, target_warps, block_slots);
+  if (const auto it = mma_settings().slices.find({N, K});
+      it != mma_settings().slices.end() && (it->second == 1 || K / 32 >= it->second * kMinSliceChunks))
+    m.S = it->second;
   return m;
 }
 

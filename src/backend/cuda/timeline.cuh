@@ -83,7 +83,7 @@ __device__ __forceinline__ TimelineMark timeline_waited(const TimelineArrival& a
   r->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   r->grid_blocks = gridDim.x * gridDim.y * gridDim.z;
   r->threads = blockDim.x * blockDim.y * blockDim.z;
-  r->n = r->k = r->m = r->tag = 0;
+  r->n = r->k = r->m = r->pad = 0;
   mark.rec = r;
   return mark;
 }

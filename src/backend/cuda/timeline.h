@@ -16,11 +16,12 @@ namespace dflash::cuda {
 // One block of one launch. Times are %globaltimer (ns, one clock for the device) and %clock64
 // (the SM's own cycles, finer, to be aligned per SM against the first).
 struct TimelineRecord {
-  uint64_t grid;                       // %gridid: one value per launch
+  uint64_t grid;                       // %gridid: repeats when a CUDA graph is replayed
   uint64_t t_entry, t_wait, t_exit;    // globaltimer: arrival, wait returned, exit (0: not stamped)
   uint64_t c_entry, c_wait, c_exit;    // clock64, the same three points
   uint32_t sm, block, grid_blocks, threads;
-  uint32_t n, k, m, tag;               // the products' shape (0 for other kernels)
+  uint32_t n, k, m;                    // the products' shape (0 for other kernels)
+  uint32_t pad;                        // 0: keeps the record a multiple of 8 bytes
 };
 static_assert(sizeof(TimelineRecord) == 88);
 
