@@ -787,8 +787,9 @@ int run_doctor(const DoctorArgs& a) {
     for (const int per_sm : {1, 2}) {
       const cuda::SyncCosts c = cuda::sync_costs(2000, per_sm);
       std::printf("dependency between steps (%d blocks of 256 threads, %d steps): kernel boundary %.2f us, "
-                  "with programmatic dependent launch %.2f us%s, grid barrier in one kernel ",
-                  c.blocks, c.steps, c.stream_us, c.pdl_us, c.pdl ? "" : " (PDL off)");
+                  "with programmatic dependent launch %.2f us%s, released by hand-off counters %.2f us, launched "
+                  "ahead %.2f us, grid barrier in one kernel ",
+                  c.blocks, c.steps, c.stream_us, c.pdl_us, c.pdl ? "" : " (PDL off)", c.handoff_us, c.early_us);
       if (c.barrier_us >= 0) std::printf("%.2f us\n", c.barrier_us);
       else std::printf("not measured (no cooperative launch)\n");
     }

@@ -45,12 +45,13 @@ double l2_stage_probe(size_t bytes, int mode);
 // What one dependency between two steps costs with no work in the way (sync_cost.cu): µs per
 // step of `steps` steps over blocks_per_sm × SMs blocks of 256 threads, each step a kernel in
 // stream order, a kernel under programmatic dependent launch (as the backend launches; `pdl`
-// false when that is off or unsupported), or a grid barrier inside one resident kernel
-// (barrier_us < 0 when the device has no cooperative launch).
+// false when that is off or unsupported), the same released by hand-off counters instead of the
+// wait (handoff_us) or launching the next kernel before its own wait (early_us), or a grid
+// barrier inside one resident kernel (barrier_us < 0 when the device has no cooperative launch).
 struct SyncCosts {
   int blocks = 0, steps = 0;
   bool pdl = false;
-  double stream_us = 0, pdl_us = 0, barrier_us = -1;
+  double stream_us = 0, pdl_us = 0, handoff_us = 0, early_us = 0, barrier_us = -1;
 };
 SyncCosts sync_costs(int steps, int blocks_per_sm);
 
