@@ -1,5 +1,9 @@
 // The block controller's decisions from synthetic step timings (contract section 6).
 #include "engine/block_controller.h"
+
+#include <algorithm>
+#include <vector>
+
 #include "test_util.h"
 
 using namespace dflash;
@@ -79,6 +83,56 @@ TEST(BlockController, KeepsTheBlockAfterASlowFirstStepAndNoisyWindows) {
   for (int w = 0; w < 6; ++w) run_window(c, 16, 0.2e-3, 0.02e-3 * (1 + w % 2));
   EXPECT_EQ(c.next(), 16);
   EXPECT_FALSE(c.drafting_over());
+}
+
+// GPU-like: verifying any number of rows costs about the same (`fixed` over a plain step, 10 µs
+// a row more), acceptance lengths cycling through `lengths`. The best block is then the
+// shortest that holds the longest length; a model fitted to one block size alone (drafting +
+// a plain step + a per-row cost) underprices short blocks: it moved to 4 rows and stayed.
+TEST(BlockController, StaysAtTheBestBlockWhenShortBlocksCostTheSame) {
+  BlockController c(16, true);
+  probe(c);
+  const int lengths[] = {3, 3, 8, 4};
+  const double draft = 0.5e-3, fixed = 1.9e-3;
+  int step = 0;
+  std::vector<int> chosen;
+  for (int w = 0; w < 12; ++w) {
+    for (int i = 0; i < BlockController::kWindowSteps + 1; ++i) {  // + 1: a new size's first step is not timed
+      const int b = c.next();
+      ASSERT_GT(b, 1) << "speculation pays 1.8x here";
+      c.record(b, std::min(lengths[step++ % 4], b), draft + fixed + 0.01e-3 * (b - 1), draft);
+    }
+    chosen.push_back(c.next());
+  }
+  EXPECT_EQ(c.next(), 8) << ::testing::PrintToString(chosen);
+  EXPECT_FALSE(c.drafting_over());
+}
+
+// What the history carries: the next request starts at the block the first one settled on.
+TEST(BlockController, LaterRequestsStartAtTheBlockThatPaid) {
+  SpeculationHistory history;
+  const int lengths[] = {3, 3, 8, 4};
+  auto run = [&](BlockController& c, int windows) {
+    int step = 0;
+    for (int i = 0; i < windows * (BlockController::kWindowSteps + 1); ++i) {
+      const int b = c.next();
+      if (b == 1) {
+        c.record(1, 1, 1e-3);
+        continue;
+      }
+      c.record(b, std::min(lengths[step++ % 4], b), 2.4e-3 + 0.01e-3 * (b - 1), 0.5e-3);
+    }
+  };
+  {
+    BlockController first(16, true, &history);
+    probe(first);
+    run(first, 12);
+    EXPECT_EQ(first.next(), 8);
+  }
+  BlockController second(16, true, &history);
+  EXPECT_EQ(second.next(), 8);  // no probes: the costs and rates are known
+  run(second, 4);
+  EXPECT_EQ(second.next(), 8);
 }
 
 TEST(BlockController, FixedWhenNotAdaptive) {

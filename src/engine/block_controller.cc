@@ -7,18 +7,23 @@ namespace dflash {
 
 BlockController::BlockController(int max_block, bool adaptive, SpeculationHistory* history)
     : max_block_(max_block), block_(max_block), adaptive_(adaptive), reached_(max_block, 0), accepted_(max_block, 0),
+      step_seconds_(max_block + 1, 0.0), step_count_(max_block + 1, 0), size_warm_(max_block + 1, 0),
       history_(adaptive ? history : nullptr) {
   if (!history_) return;
   if (history_->reached.size() < size_t(max_block)) {
     history_->reached.resize(max_block, 0);
     history_->accepted.resize(max_block, 0);
   }
+  if (history_->step_count.size() < size_t(max_block + 1)) {
+    history_->step_seconds.resize(max_block + 1, 0.0);
+    history_->step_count.resize(max_block + 1, 0);
+  }
   ++history_->requests;
   if (!history_->costs_known) return;
   plain_seconds_ = history_->plain_seconds;
   probes_done_ = kProbeSteps;
   const bool explore = history_->requests % kExploreEvery == 0;
-  choose_block(history_->draft_seconds, history_->per_row_seconds, "from earlier requests");
+  choose_block("from earlier requests");
   if (off_ && explore) {
     off_ = false;
     events_.push_back("speculation re-tried (one request in " + std::to_string(kExploreEvery) + ")");
@@ -34,11 +39,15 @@ BlockController::~BlockController() {
   if (plain_seconds_ > 0)
     history_->plain_seconds =
         history_->plain_seconds > 0 ? std::min(history_->plain_seconds, plain_seconds_) : plain_seconds_;
-  if (fitted_per_row_ >= 0) {
-    history_->draft_seconds = fitted_draft_;
-    history_->per_row_seconds = fitted_per_row_;
-    history_->costs_known = history_->plain_seconds > 0;
+  history_->draft_seconds += draft_seconds_;
+  history_->draft_steps += draft_steps_;
+  bool timed = false;
+  for (int b = 2; b <= max_block_; ++b) {
+    history_->step_seconds[b] += step_seconds_[b];
+    history_->step_count[b] += step_count_[b];
+    timed = timed || history_->step_count[b] > 0;
   }
+  history_->costs_known = history_->plain_seconds > 0 && timed;
 }
 
 int BlockController::next() const {
@@ -58,10 +67,15 @@ void BlockController::record(int block, int committed_tokens, double seconds, do
     if (i < committed_tokens) ++accepted_[i];
   }
   if (!adaptive_ || plain_seconds_ <= 0) return;
-  if (!cold_step_seen_) {
-    cold_step_seen_ = true;
+  if (block > max_block_) return;
+  if (!size_warm_[block]) {  // see kProbeSteps
+    size_warm_[block] = 1;
     return;
   }
+  draft_seconds_ += draft_seconds;
+  ++draft_steps_;
+  step_seconds_[block] += seconds;
+  ++step_count_[block];
   ++window_steps_;
   window_seconds_ += seconds;
   window_draft_seconds_ += draft_seconds;
@@ -88,24 +102,42 @@ double BlockController::expected_tokens(int b) const {
   return expected;
 }
 
+double BlockController::step_seconds(int b) const {
+  const bool hist = history_ != nullptr;
+  auto timed = [&](int k, double& mean) {
+    const long n = step_count_[k] + (hist ? history_->step_count[k] : 0);
+    if (n == 0) return false;
+    mean = (step_seconds_[k] + (hist ? history_->step_seconds[k] : 0.0)) / double(n);
+    return true;
+  };
+  const long drafts = draft_steps_ + (hist ? history_->draft_steps : 0);
+  const double draft = drafts > 0 ? (draft_seconds_ + (hist ? history_->draft_seconds : 0.0)) / double(drafts) : 0.0;
+  const double anchor = draft + plain_seconds_;  // b = 1 stands for drafting + a plain step
+  double lo_t = anchor, hi_t = 0, t = 0;
+  int lo = 1, hi = 0;
+  for (int k = 2; k <= max_block_; ++k) {
+    if (!timed(k, t)) continue;
+    if (k == b) return t;
+    if (k < b) lo = k, lo_t = t;
+    else if (hi == 0) hi = k, hi_t = t;
+  }
+  if (hi > 0) return lo_t + (hi_t - lo_t) * double(b - lo) / double(hi - lo);
+  if (lo == 1) return anchor;  // nothing timed: no per-row cost known
+  return anchor + std::max(0.0, lo_t - anchor) * double(b - 1) / double(lo - 1);
+}
+
 void BlockController::decide(double step, double draft) {
-  // Verifying b rows ≈ one plain step + (b − 1) × per-row cost, fitted to this window. Below
-  // 4 rows the difference divided by b − 1 is mostly noise (one row on a GPU costs next to
-  // nothing), so a fit from a longer block is kept.
-  fitted_draft_ = draft;
-  if (block_ >= 4 || fitted_per_row_ < 0)
-    fitted_per_row_ = std::max(0.0, (step - draft - plain_seconds_) / (block_ - 1));
   char why[128];
   std::snprintf(why, sizeof why, "block %d: %.2f ms/step (%.2f drafting), plain %.2f ms/token", block_, 1e3 * step,
                 1e3 * draft, 1e3 * plain_seconds_);
-  choose_block(fitted_draft_, fitted_per_row_, why);
+  choose_block(why);
 }
 
-void BlockController::choose_block(double draft, double per_row, const char* why) {
+void BlockController::choose_block(const char* why) {
   int best = block_;
   double best_rate = 0;
   for (int b = 2; b <= max_block_; ++b) {
-    const double rate = expected_tokens(b) / (draft + plain_seconds_ + per_row * (b - 1));
+    const double rate = expected_tokens(b) / step_seconds(b);
     if (rate > best_rate) {
       best_rate = rate;
       best = b;

@@ -2,9 +2,18 @@
 // Chooses how many drafted rows each step verifies, from what steps actually cost here
 // (contract section 6). It times a few plain one-token steps first; then, after each window of
 // speculative steps, it models every block size b from the measurements — tokens per step
-// from the per-row acceptance rates seen so far in this request, step time as drafting plus
-// a plain step plus a per-row verification cost — and takes the best b. When no b keeps 95%
-// of plain decoding's speed, speculation is switched off for the request.
+// from the per-row acceptance rates seen so far in this request, step time from the steps
+// timed at each block size so far — and takes the best b. When no b keeps 95% of plain
+// decoding's speed, speculation is switched off for the request.
+//
+// Step time of a block size not timed yet: on the line through the timed sizes, with drafting
+// plus one plain step standing for b = 1 (between two timed sizes, the straight line between
+// them; past the largest, that line's slope from b = 1). With one timed size this is the
+// linear model "drafting + a plain step + a per-row cost", right on a CPU, where each row costs
+// about the same; on a GPU a 4-row verification costs what a 16-row one does, and a model
+// fitted to one size alone moved the shipped pair from 16 rows to 4 and kept it there (1.37x
+// against 1.55x, H200 2026-12-01), since the line fitted at 4 rows then priced 16 rows at four
+// times their cost. Each size's own mean, once timed, replaces the line.
 #include <string>
 #include <vector>
 
@@ -15,7 +24,10 @@ namespace dflash {
 // at the block that paid before (or without drafting) instead of paying for a probe.
 struct SpeculationHistory {
   double plain_seconds = 0;                // best one-token step; 0 = not measured yet
-  double draft_seconds = 0, per_row_seconds = 0;
+  double draft_seconds = 0;                // summed over draft_steps timed steps
+  long draft_steps = 0;
+  std::vector<double> step_seconds;        // per block size b: summed over step_count[b] timed steps
+  std::vector<long> step_count;
   bool costs_known = false;
   std::vector<long> reached, accepted;    // per block row, summed over requests
   long requests = 0;
@@ -39,9 +51,9 @@ class BlockController {
   std::vector<std::string> take_events() { return std::move(events_); }
 
   // The first plain step after prefill runs on cold caches and a sleeping thread pool, at
-  // half speed or worse: it is taken but not timed. So is the first speculative step (first
-  // use of the block's shapes: on a GPU, fresh scratch allocations), whose time once sent a
-  // block that pays 2.2x down to 2 rows.
+  // half speed or worse: it is taken but not timed. So is the first speculative step at each
+  // block size (first use of the block's shapes: on a GPU, fresh scratch allocations), whose
+  // time once sent a block that pays 2.2x down to 2 rows.
   static constexpr int kProbeSteps = 4;
   static constexpr int kWindowSteps = 4;
   static constexpr double kTolerance = 0.95;  // speculation must keep 95% of plain speed
@@ -50,9 +62,11 @@ class BlockController {
 
  private:
   void decide(double step, double draft);
-  void choose_block(double draft, double per_row, const char* why);
+  void choose_block(const char* why);
   // Expected acceptance length when verifying b rows, from this request's row rates.
   double expected_tokens(int b) const;
+  // Modelled seconds of a speculative step of b rows (see the top of the file).
+  double step_seconds(int b) const;
 
   int max_block_, block_;
   bool adaptive_;
@@ -62,8 +76,13 @@ class BlockController {
   std::vector<long> reached_, accepted_;  // per block row 1 … max_block − 1
   int window_steps_ = 0;
   double window_seconds_ = 0, window_draft_seconds_ = 0;
-  double fitted_draft_ = 0, fitted_per_row_ = -1;
-  bool cold_step_seen_ = false;  // the request's first speculative step
+  // This request's timed speculative steps (the cold first one left out): their drafting, and
+  // the whole steps per block size b. The model adds the history's sums to these.
+  double draft_seconds_ = 0;
+  long draft_steps_ = 0;
+  std::vector<double> step_seconds_;
+  std::vector<long> step_count_;
+  std::vector<char> size_warm_;  // per block size: its first step in this request was taken
   SpeculationHistory* history_;
   std::vector<std::string> events_;
 };
