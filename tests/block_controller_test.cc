@@ -2,6 +2,7 @@
 #include "engine/block_controller.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "test_util.h"
@@ -133,6 +134,29 @@ TEST(BlockController, LaterRequestsStartAtTheBlockThatPaid) {
   EXPECT_EQ(second.next(), 8);  // no probes: the costs and rates are known
   run(second, 4);
   EXPECT_EQ(second.next(), 8);
+}
+
+// Acceptance that improves after the block was shortened (a prompt whose easy part comes
+// later): the rows past the short block are measured again in the exploring windows, and the
+// block grows back to the full 16 rows. Without them the block stayed at 3, priced on the
+// first steps' rates.
+TEST(BlockController, GrowsBackWhenLaterRowsStartBeingAccepted) {
+  BlockController c(16, true);
+  probe(c);
+  auto steps = [&](int count, const std::vector<int>& lengths) {
+    for (int i = 0; i < count; ++i) {
+      const int b = c.next();
+      ASSERT_GT(b, 1);
+      c.record(b, std::min(lengths[i % lengths.size()], b), 0.5e-3 + 1.9e-3 + 0.01e-3 * (b - 1), 0.5e-3);
+    }
+  };
+  steps(30, {2, 3, 2, 3});
+  ASSERT_LT(c.block(), 8) << "the short phase chose a short block";
+  steps(200, {16});
+  EXPECT_EQ(c.block(), 16);
+  bool explored = false;
+  for (const auto& e : c.take_events()) explored = explored || e.find("one window at block") != std::string::npos;
+  EXPECT_TRUE(explored);
 }
 
 TEST(BlockController, FixedWhenNotAdaptive) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 namespace dflash {
 
@@ -53,7 +54,7 @@ BlockController::~BlockController() {
 int BlockController::next() const {
   if (off_) return 1;
   if (adaptive_ && probes_done_ < kProbeSteps) return 1;
-  return block_;
+  return explore_block_ > 0 ? explore_block_ : block_;
 }
 
 void BlockController::record(int block, int committed_tokens, double seconds, double draft_seconds) {
@@ -80,9 +81,17 @@ void BlockController::record(int block, int committed_tokens, double seconds, do
   window_seconds_ += seconds;
   window_draft_seconds_ += draft_seconds;
   if (window_steps_ < kWindowSteps) return;
-  decide(window_seconds_ / window_steps_, window_draft_seconds_ / window_steps_);
+  explore_block_ = 0;
+  decide(block, window_seconds_ / window_steps_, window_draft_seconds_ / window_steps_);
   window_steps_ = 0;
   window_seconds_ = window_draft_seconds_ = 0;
+  const long tried_past = block_ < max_block_ ? reached_[block_] + (history_ ? history_->reached[block_] : 0) : 0;
+  if (!off_ && block_ < max_block_ && tried_past < kExploreSamples && ++windows_since_explore_ >= kExploreWindows) {
+    windows_since_explore_ = 0;
+    explore_block_ = std::min(max_block_, 2 * block_);
+    events_.push_back("one window at block " + std::to_string(explore_block_) + " (block " + std::to_string(block_) +
+                      " chosen): rates and costs of the longer block measured again");
+  }
 }
 
 double BlockController::expected_tokens(int b) const {
@@ -126,9 +135,9 @@ double BlockController::step_seconds(int b) const {
   return anchor + std::max(0.0, lo_t - anchor) * double(b - 1) / double(lo - 1);
 }
 
-void BlockController::decide(double step, double draft) {
+void BlockController::decide(int block, double step, double draft) {
   char why[128];
-  std::snprintf(why, sizeof why, "block %d: %.2f ms/step (%.2f drafting), plain %.2f ms/token", block_, 1e3 * step,
+  std::snprintf(why, sizeof why, "block %d: %.2f ms/step (%.2f drafting), plain %.2f ms/token", block, 1e3 * step,
                 1e3 * draft, 1e3 * plain_seconds_);
   choose_block(why);
 }

@@ -44,7 +44,7 @@ class BlockController {
 
   int next() const;  // rows of the next step; 1 means a plain step
   bool drafting_over() const { return off_; }
-  int block() const { return block_; }
+  int block() const { return block_; }  // the chosen block (an exploring window aside)
   // One step: `seconds` in all, `draft_seconds` of it drafting (0 for plain steps);
   // `committed_tokens` is the acceptance length (1 for a plain step).
   void record(int block, int committed_tokens, double seconds, double draft_seconds = 0);
@@ -59,9 +59,17 @@ class BlockController {
   static constexpr double kTolerance = 0.95;  // speculation must keep 95% of plain speed
   static constexpr double kPriorWeight = 8;    // pseudo-observations a row's prior rate counts for
   static constexpr long kExploreEvery = 8;     // a request in this many re-tries speculation
+  // Below the largest block, one window in this many verifies twice the rows (at most the
+  // largest), for the rows and sizes the shorter block no longer measures: their acceptance
+  // rates were otherwise frozen at what the first few steps showed, and a block shortened on
+  // them never grew back. Only while the first row past the block has been tried fewer than
+  // kExploreSamples times (this request and the history together): the windows cost what the
+  // longer block costs, which on a CPU is more.
+  static constexpr int kExploreWindows = 8;
+  static constexpr long kExploreSamples = 32;
 
  private:
-  void decide(double step, double draft);
+  void decide(int block, double step, double draft);
   void choose_block(const char* why);
   // Expected acceptance length when verifying b rows, from this request's row rates.
   double expected_tokens(int b) const;
@@ -76,6 +84,8 @@ class BlockController {
   std::vector<long> reached_, accepted_;  // per block row 1 … max_block − 1
   int window_steps_ = 0;
   double window_seconds_ = 0, window_draft_seconds_ = 0;
+  int explore_block_ = 0;  // > 0: the current window verifies this many rows instead of block_
+  int windows_since_explore_ = 0;
   // This request's timed speculative steps (the cold first one left out): their drafting, and
   // the whole steps per block size b. The model adds the history's sums to these.
   double draft_seconds_ = 0;
