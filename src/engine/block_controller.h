@@ -10,10 +10,12 @@
 // plus one plain step standing for b = 1 (between two timed sizes, the straight line between
 // them; past the largest, that line's slope from b = 1). With one timed size this is the
 // linear model "drafting + a plain step + a per-row cost", right on a CPU, where each row costs
-// about the same; on a GPU a 4-row verification costs what a 16-row one does, and a model
-// fitted to one size alone moved the shipped pair from 16 rows to 4 and kept it there (1.37x
-// against 1.55x, H200 2026-12-01), since the line fitted at 4 rows then priced 16 rows at four
-// times their cost. Each size's own mean, once timed, replaces the line.
+// about the same; on a GPU a 4-row verification costs nearly what a 16-row one does, and the
+// line fitted at a shortened block alone prices the longer ones far above their time
+// (tests/block_controller_test.cc). Each size's own mean, once timed, replaces the line. (The
+// shipped pair's block stuck at 4 on the H200 needed the exploring windows below as well: its
+// rows past 4 had been measured only in its first few steps; docs/benchmarks.md, nineteenth
+// pass.)
 #include <string>
 #include <vector>
 
