@@ -15,6 +15,8 @@ void GenerationStats::record_step(int block_size, int acceptance_length) {
   ++steps;
   max_block_size = std::max(max_block_size, block_size);
   grow(acceptance_histogram, block_size);
+  grow(steps_by_rows, block_size);
+  ++steps_by_rows[block_size - 1];
   grow(row_reached, block_size);
   grow(row_accepted, block_size);
   ++acceptance_histogram[acceptance_length - 1];
@@ -60,6 +62,7 @@ void GenerationStats::merge(const GenerationStats& o) {
     for (size_t i = 0; i < b.size(); ++i) a[i] += b[i];
   };
   add(acceptance_histogram, o.acceptance_histogram);
+  add(steps_by_rows, o.steps_by_rows);
   add(row_reached, o.row_reached);
   add(row_accepted, o.row_accepted);
   prefill_seconds += o.prefill_seconds;
@@ -81,6 +84,7 @@ nlohmann::json GenerationStats::to_json() const {
       {"final_block_size", final_block_size},
       {"mean_acceptance_length", mean_acceptance_length()},
       {"acceptance_histogram", acceptance_histogram},
+      {"steps_by_rows", steps_by_rows},
       {"per_position_acceptance", per_position_acceptance()},
       {"prefill_seconds", prefill_seconds},
       {"draft_seconds", draft_seconds},
@@ -118,6 +122,9 @@ std::string GenerationStats::to_text() const {
     // appended piece by piece: GCC 12 warns falsely (-Wrestrict) on a literal + a temporary string
     for (size_t i = 0; i < acceptance_histogram.size(); ++i)
       s.append(" ").append(std::to_string(i + 1)).append(":").append(std::to_string(acceptance_histogram[i]));
+    s += "\nsteps by rows verified:";
+    for (size_t i = 0; i < steps_by_rows.size(); ++i)
+      if (steps_by_rows[i]) s.append(" ").append(std::to_string(i + 1)).append(":").append(std::to_string(steps_by_rows[i]));
     s += "\nper-position acceptance:";
     const auto rates = per_position_acceptance();
     for (size_t i = 0; i < rates.size(); ++i) {

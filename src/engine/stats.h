@@ -17,6 +17,7 @@ struct GenerationStats {
   int64_t plain_steps = 0;  // one-token steps (plain decoding, or speculation switched off)
   int64_t recorded_verifications = 0;  // steps whose verification the backend recorded (a CUDA graph)
   std::vector<int64_t> acceptance_histogram;  // [L − 1] counts steps with acceptance length L
+  std::vector<int64_t> steps_by_rows;         // [b − 1] counts steps that verified b rows (the controller's choices)
   std::vector<int> step_acceptance;           // acceptance length of each step, in order
   std::vector<int64_t> row_reached;   // [i] steps where row i − 1 was accepted (row 0: every step)
   std::vector<int64_t> row_accepted;  // [i] steps where row i was accepted
