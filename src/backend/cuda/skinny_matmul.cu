@@ -63,6 +63,26 @@ enum Epilogue : int {
   kEpiScaleInv = 2,  // each output times its row's 1/rms, from the partial sums an emitting product wrote
 };
 
+// Each row's 1/rms from the emitting product's partial sums, for both tensor-core kernels: the
+// two half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
+// l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
+template <int MT>
+__device__ __forceinline__ void rows_inv_rms(float (&inv_rms)[MT * 16], const SkinnyNorm& norm, int M, int K,
+                                             int warp, int lane) {
+  const int half = lane / 16, l16 = lane % 16;
+  for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
+    float ss = 0.f;
+    if (m < M) {
+      const float* p = norm.partial_in + int64_t(m) * norm.ld_partial;
+#pragma unroll 16
+      for (int b = l16; b < norm.parts; b += 16) ss += p[b];
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (l16 == 0 && m < M) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
+  }
+}
+
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
 // and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
@@ -140,26 +160,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     nw_early = norm.norm_w[n];
   }
 
-  // Each row's 1/rms from the emitting product's partial sums (written by the kernel before
-  // this one, so after the wait; here, while the first weight batch is in flight: after the
-  // main loop it made a DFlash step 0.15-0.17 ms slower, H200 2026-11-30): the two
-  // half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
-  // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
+  // Each row's 1/rms (the partial sums are the kernel before's, so after the wait; here, while
+  // the first weight batch is in flight: after the main loop it made a DFlash step 0.15-0.17 ms
+  // slower, H200 2026-11-30).
   __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv) {
-    const int half = lane / 16, l16 = lane % 16;
-    for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
-      float ss = 0.f;
-      if (m < M) {
-        const float* p = norm.partial_in + int64_t(m) * norm.ld_partial;
-#pragma unroll 16
-        for (int b = l16; b < norm.parts; b += 16) ss += p[b];
-      }
-#pragma unroll
-      for (int o = 8; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (l16 == 0 && m < M) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
-    }
-  }
+  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
 
   if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
@@ -355,26 +360,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   };
   load_early();
 
-  // Each row's 1/rms from the emitting product's partial sums (written by the kernel before
-  // this one, so after the wait; here, while the first weight batch is in flight: after the
-  // main loop it made a DFlash step 0.15-0.17 ms slower, H200 2026-11-30): the two
-  // half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
-  // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
+  // Each row's 1/rms (the partial sums are the kernel before's, so after the wait; here, while
+  // the first weight batch is in flight: after the main loop it made a DFlash step 0.15-0.17 ms
+  // slower, H200 2026-11-30).
   __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv) {
-    const int half = lane / 16, l16 = lane % 16;
-    for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
-      float ss = 0.f;
-      if (m < M) {
-        const float* p = norm.partial_in + int64_t(m) * norm.ld_partial;
-#pragma unroll 16
-        for (int b = l16; b < norm.parts; b += 16) ss += p[b];
-      }
-#pragma unroll
-      for (int o = 8; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (l16 == 0 && m < M) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
-    }
-  }
+  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
 
   constexpr int kMaxBlockCols = kWarps * kCols;
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
