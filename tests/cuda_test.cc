@@ -217,19 +217,24 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
     }
   };
   const int64_t M = 16, K = 4096;
-  {
-    const int64_t N = 4064;
-    const Tensor x = tensor(M, K, 1.f, DType::BF16), w = tensor(N, K, 0.02f, DType::BF16);
+  // x · wᵀ for 16 rows, launched twice (the same bits), and each row alone against the block.
+  auto plain_product = [&](const std::string& what, const Tensor& x, const Tensor& w) {
+    const int64_t N = w.rows;
     Tensor y = b.alloc(M, N, DType::F32), y2 = b.alloc(M, N, DType::F32);
     b.matmul(x, w, y);
     b.matmul(x, w, y2);
     const auto block = download(b, y);
-    EXPECT_EQ(block, download(b, y2)) << "a second launch of the same block";
-    same_rows("matmul", block, M, N, [&](int64_t m) {
+    EXPECT_EQ(block, download(b, y2)) << what << ": a second launch of the same block";
+    same_rows(what, block, M, N, [&](int64_t m) {
       Tensor y1 = b.alloc(1, N, DType::F32);
       b.matmul(x.slice_rows(m, 1), w, y1);
       return download(b, y1);
     });
+    return block;
+  };
+  {
+    const Tensor x = tensor(M, K, 1.f, DType::BF16), w = tensor(4064, K, 0.02f, DType::BF16);
+    plain_product("matmul", x, w);
   }
   {
     // o_proj-like: x += a·woᵀ (H = 4064 columns) emitting the norm; then q/k/v-like consumes it.
@@ -268,11 +273,7 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
     // twice or never would show; the second launch finds the counter set back.
     const int64_t N = 20000;
     const Tensor x = tensor(M, K, 1.f, DType::BF16), w = tensor(N, K, 0.02f, DType::BF16);
-    Tensor y = b.alloc(M, N, DType::F32), y2 = b.alloc(M, N, DType::F32);
-    b.matmul(x, w, y);
-    b.matmul(x, w, y2);
-    const auto block = download(b, y);
-    EXPECT_EQ(block, download(b, y2)) << "a second launch of the same block";
+    const auto block = plain_product("matmul, many tiles", x, w);
     const auto xv = download(b, x), wv = download(b, w);
     double err = 0, ref = 0;
     for (int64_t m = 0; m < M; ++m)
@@ -283,11 +284,6 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
         ref += d * d;
       }
     EXPECT_LT(std::sqrt(err / ref), 1e-5) << "matmul with more tiles than resident blocks";
-    same_rows("matmul, many tiles", block, M, N, [&](int64_t m) {
-      Tensor y1 = b.alloc(1, N, DType::F32);
-      b.matmul(x.slice_rows(m, 1), w, y1);
-      return download(b, y1);
-    });
   }
   {
     const int64_t I = 12288;
