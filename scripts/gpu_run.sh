@@ -57,6 +57,17 @@ JOBS=${JOBS:-16}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+# The B tree of an A/B (AB_TREE): this tree with AB_TREE's files laid over it, in /tmp/ab-tree,
+# made afresh once a call (a warm machine may still hold an earlier call's).
+TL=${TL_BUILD:-build-timeline}
+ab_tree_made=
+make_ab_tree() {
+  [[ -n $ab_tree_made ]] && return
+  rm -rf /tmp/ab-tree && mkdir -p /tmp/ab-tree
+  tar --exclude="./$BUILD" --exclude=./.debs --exclude="./$AB_TREE" --exclude="./$TL" -cf - . | tar -C /tmp/ab-tree -xf -
+  cp -r "$AB_TREE"/. /tmp/ab-tree/
+  ab_tree_made=1
+}
 # One setting of AB or TEST_AB ("A=1 B=2", shell quoting allowed: "DFLASH_CUDA_PDL_SKIP='matmul (skinny)'")
 # as words for env.
 setting_words() { eval "words=($1)"; }
@@ -110,9 +121,7 @@ if has build; then
     # A second `dflash` from this tree with AB_TREE's files laid over it (the code before a
     # change, say): the ab step runs both, alternating, so a code change gets its A/B in one run.
     step "configure + build the B tree (this tree with $AB_TREE over it)"
-    rm -rf /tmp/ab-tree && mkdir -p /tmp/ab-tree
-    tar --exclude="./$BUILD" --exclude=./.debs --exclude="./$AB_TREE" -cf - . | tar -C /tmp/ab-tree -xf -
-    cp -r "$AB_TREE"/. /tmp/ab-tree/
+    make_ab_tree
     cmake -S /tmp/ab-tree -B /tmp/ab-tree/build -DDFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${CMAKE_DEPS[@]}" >/tmp/ab-configure.txt 2>&1 \
       || { tail -20 /tmp/ab-configure.txt; echo "B configure FAILED"; exit 1; }
@@ -306,7 +315,6 @@ if has timeline; then
       | tee -a "$OUT/timeline.txt" | grep -E "^== |^(q/k/v|o|gate/up|down|LM head) |^sum"
     rm -f /tmp/tl_$label.bin
   }
-  TL=${TL_BUILD:-build-timeline}
   if tl_build . "$TL"; then
     [[ -f $Q8B/config.json ]] || "$TL/dflash" synth --preset qwen3-8b --out $Q8B --draft-out $Q8B-dflash
     # A speculative bench runs plain decoding first: one timeline holds decode, draft and verify.
@@ -316,11 +324,7 @@ if has timeline; then
     for setting in "${tl_settings[@]}"; do
       [[ -n $setting ]] && tl_run "ab$((i++))" "$TL/dflash" draft "$setting"
     done
-    if [[ -n ${AB_TREE:-} && ! -d /tmp/ab-tree ]]; then
-      mkdir -p /tmp/ab-tree
-      tar --exclude="./$BUILD" --exclude=./.debs --exclude="./$AB_TREE" --exclude="./$TL" -cf - . | tar -C /tmp/ab-tree -xf -
-      cp -r "$AB_TREE"/. /tmp/ab-tree/
-    fi
+    [[ -n ${AB_TREE:-} ]] && make_ab_tree
     if [[ -n ${AB_TREE:-} ]] && tl_build /tmp/ab-tree /tmp/ab-tree/build-timeline; then
       tl_run B /tmp/ab-tree/build-timeline/dflash draft
     fi
