@@ -69,8 +69,9 @@ __device__ __forceinline__ unsigned load_acquire_gpu(const unsigned* p) {
 
 // The producer's side, at its very end, reached by every thread of every block: the barrier
 // orders the block's memory operations before thread 0's fence and count (as a grid barrier
-// does).
+// does). Null: no kernel waits for this one.
 __device__ __forceinline__ void handoff_signal(unsigned* counter) {
+  if (!counter) return;
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -208,8 +209,11 @@ SyncCosts sync_costs(int steps, int blocks_per_sm) {
     for (int i = 0; i < steps; ++i) {
       KernelHandoff wait_for;
       if (i > 0) wait_for = {handoff + 2 * ((i - 1) % 2), unsigned(r.blocks)};
+      // The last step counts itself out nowhere: a count no step consumes would be left on its
+      // pair for the next run, whose step 2 would then pass before step 1 is done.
+      unsigned* signal = i + 1 < steps ? handoff + 2 * (i % 2) : nullptr;
       launch_kernel("sync_costs", handoff_step_kernel, r.blocks, threads, 0, s, i % 2 ? b : a, i % 2 ? a : b, i, wait_for,
-                    handoff + 2 * (i % 2));
+                    signal);
     }
   });
   r.early_us = verified_us("launches ahead", [&] {
