@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <string>
+
+#include <omp.h>
 
 #include "util/error.h"
 
@@ -65,8 +68,12 @@ class DeviceRowLaw final : public TokenLaw {
 };
 
 LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
-    : backend_(b), sp_(sp), vocab_(vocab), inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)) {
-  const bool penalties = sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0;
+    : backend_(b),
+      sp_(sp),
+      vocab_(vocab),
+      inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)),
+      penalties_(sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0) {
+  const bool penalties = penalties_;
   const bool sampled = !sp.greedy() && !penalties, every_k = sp.top_k == 0 || sp.top_k >= vocab;
   // Temperature alone: no candidate set is smaller than the row.
   const bool temperature_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p == 0.0;
@@ -122,18 +129,54 @@ const float* LogitRows::row(int r) {
   return rows_.data() + size_t(r) * vocab_;
 }
 
+bool LogitRows::has_candidates(int r) const {
+  return (form_ == Form::TopK || form_ == Form::TopP) && !candidates_[size_t(r)].ids.empty();
+}
+
+std::unique_ptr<TokenLaw> LogitRows::support_law(int r, const TokenHistory& h) const {
+  if (has_candidates(r)) {
+    const CandidateRow& c = candidates_[size_t(r)];
+    return std::make_unique<SupportLaw>(distribution_of_candidates(c.ids, c.scaled, sp_, c.row_mass));
+  }
+  return std::make_unique<SupportLaw>(token_distribution(rows_.data() + size_t(r) * vocab_, vocab_, sp_, h));
+}
+
 const TokenLaw& LogitRows::law(int r, const TokenHistory& h) {
   std::unique_ptr<TokenLaw>& law = laws_[size_t(r)];
   if (law) return *law;
   if (form_ == Form::DeviceRows) {
     law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, inv_t_);
-  } else if ((form_ == Form::TopK || form_ == Form::TopP) && !candidates_[size_t(r)].ids.empty()) {
-    const CandidateRow& c = candidates_[size_t(r)];
-    law = std::make_unique<SupportLaw>(distribution_of_candidates(c.ids, c.scaled, sp_, c.row_mass));
   } else {
-    law = std::make_unique<SupportLaw>(token_distribution(row(r), vocab_, sp_, h));
+    if (!has_candidates(r)) row(r);
+    law = support_law(r, h);
   }
   return *law;
+}
+
+void LogitRows::build_laws(int n) {
+  std::vector<int> todo;
+  int whole = 0;
+  for (int r = 0; r < n; ++r) {
+    if (laws_[size_t(r)]) continue;
+    todo.push_back(r);
+    if (!has_candidates(r)) {
+      row(r);  // downloads stay on this thread
+      ++whole;
+    }
+  }
+  // A row read whole costs milliseconds on the host (a flat row's nucleus is most of the
+  // vocabulary); rows from candidates cost microseconds and are not worth the threads.
+  std::vector<std::exception_ptr> errors(todo.size());
+#pragma omp parallel for schedule(dynamic) if (whole > 1)
+  for (size_t i = 0; i < todo.size(); ++i) {
+    try {
+      laws_[size_t(todo[i])] = support_law(todo[i], TokenHistory{});
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  }
+  for (const auto& e : errors)  // the first row's error, as building them in order would throw
+    if (e) std::rethrow_exception(e);
 }
 
 const DeviceRowLaw& LogitRows::device_law(int r) { return static_cast<const DeviceRowLaw&>(law(r, {})); }
@@ -146,11 +189,21 @@ void LogitRows::choose_rows(int32_t* out, int n, const std::function<TokenHistor
     for (int r = 0; r < n; ++r) out[r] = device_law(r).take(drawn[size_t(r)]);
     return;
   }
+  // Without penalties a sampled row's law does not depend on the tokens drawn before it, so the
+  // block's laws can be built at once, on every core, before the draws take their uniforms in
+  // row order: the same laws, the same tokens.
+  if (!sp_.greedy() && !penalties_) build_laws(n);
   for (int r = 0; r < n; ++r) out[r] = sp_.greedy() ? choose(r, history(r), rng) : law(r, history(r)).draw(rng);
 }
 
 void LogitRows::look_up(const int32_t* ids, int n) {
-  if (form_ != Form::DeviceRows) return;
+  if (form_ != Form::DeviceRows) {
+    // The acceptance rule asks rows in order until one is rejected, so only the first row is
+    // sure to be asked: as many rows as there are threads are built at once, in the time of
+    // one, and the rest on demand.
+    if (!sp_.greedy() && !penalties_) build_laws(std::min(n, omp_get_max_threads()));
+    return;
+  }
   const RowLaws got = backend_.row_laws(logits_, inv_t_, std::vector<int32_t>(ids, ids + n));
   for (int r = 0; r < logits_.rows; ++r) device_law(r).know(got.law[size_t(r)]);
   for (int r = 0; r < n; ++r) device_law(r).know(ids[r], got.scaled[size_t(r)]);

@@ -40,11 +40,13 @@ class LogitRows {
   // Rows 0 … n − 1 one after another, as choose() would (sampled rows from law(r).draw), the
   // tokens going to out; history(r) sees out[0 … r). In the DeviceRows form the n uniforms are
   // taken first, in row order, and the device draws every row in one call, bringing back each
-  // row's law with it: the same tokens as n draws, without n round trips.
+  // row's law with it: the same tokens as n draws, without n round trips. In the other forms,
+  // sampling without penalties, the n laws are built first, in parallel, then drawn in order.
   void choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng);
   // Row r's law will be asked for p(ids[r]), r < n: in the DeviceRows form every row's law and
-  // those values are fetched now in one call (the acceptance rule's p(d) for a whole block); a
-  // no-op in the other forms.
+  // those values are fetched now in one call (the acceptance rule's p(d) for a whole block); in
+  // the other forms, sampling without penalties, the laws of the first rows (as many as there
+  // are threads) are built now, in parallel.
   void look_up(const int32_t* ids, int n);
   // The law row `r` is sampled from (speculative sampling's p and q); valid until the next read().
   const TokenLaw& law(int r, const TokenHistory& h);
@@ -54,12 +56,18 @@ class LogitRows {
  private:
   enum class Form { Argmax, TopK, TopP, DeviceRows, Rows };
   const float* row(int r);  // the whole row, downloaded on first use where the form lacks it
+  bool has_candidates(int r) const;  // the TopK / TopP forms' row r came as candidates
+  // Row r's law from its candidates or its whole row (downloaded already), in the forms that
+  // keep laws on the host.
+  std::unique_ptr<TokenLaw> support_law(int r, const TokenHistory& h) const;
+  void build_laws(int n);  // laws of rows 0 … n − 1 at once, sampling without penalties
   const DeviceRowLaw& device_law(int r);  // law(r) in the DeviceRows form
 
   Backend& backend_;
   SamplingParams sp_;
   int vocab_;
   float inv_t_;  // 1 / temperature, as the candidate forms scale logits
+  bool penalties_;  // a row's law depends on the tokens before it
   Form form_;
   Tensor logits_;
   std::vector<int32_t> argmax_;
