@@ -182,14 +182,16 @@ fi
 
 q8b_prompt() { python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(151000)) for _ in range(512)))"; }
 
-if has bench; then
+if has bench || has sampled; then
   step "synth Qwen3-8B-shaped random bf16 checkpoints"
   t0=$(date +%s)
   if [[ ! -f $Q8B/config.json ]]; then
     "$BUILD/dflash" synth --preset qwen3-8b --out $Q8B --draft-out $Q8B-dflash || status=1
   fi
   echo "synth took $(( $(date +%s) - t0 )) s"; du -sh $Q8B $Q8B-dflash
+fi
 
+if has bench; then
   step "bench Qwen3-8B shapes: 512-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation), graph probe"
   # The per-op profiler (DFLASH_CUDA_PROFILE=1) prints its table to stderr at exit.
   DFLASH_CUDA_PROFILE=${PROFILE:-1} timeout 150 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
@@ -245,22 +247,26 @@ fi
 
 if has sampled; then
   step "sampled decoding (Qwen3's defaults: temperature 0.6, top-k 20, top-p 0.95; top-p 0.9 alone; temperature alone)"
-  for opts in "--temperature 0.6 --top-k 20 --top-p 0.95" "--temperature 0.7 --top-p 0.9" "--temperature 1.0" \
-      "--temperature 1.0 whole"; do
-    # "whole": the same, every row read whole (DFLASH_LOGIT_ROWS=whole), to compare within the run
+  for opts in "--temperature 0.6 --top-k 20 --top-p 0.95" "--temperature 0.7 --top-p 0.9" \
+      "--temperature 0.7 --top-p 0.9 serial" "--temperature 1.0" "--temperature 1.0 whole"; do
+    # "whole": the same, every row read whole (DFLASH_LOGIT_ROWS=whole), to compare within the run;
+    # "serial": the same on one host thread (OMP_NUM_THREADS=1: the laws of rows read whole one by one)
     [[ "$opts" == *whole ]] && export DFLASH_LOGIT_ROWS=whole && opts=${opts% whole} || unset DFLASH_LOGIT_ROWS
+    [[ "$opts" == *serial ]] && export OMP_NUM_THREADS=1 && opts=${opts% serial} || unset OMP_NUM_THREADS
+    label="${DFLASH_LOGIT_ROWS:+ (rows read whole)}${OMP_NUM_THREADS:+ (one host thread)}"
     if [[ -f models/qwen3-pycode-15m/config.json ]]; then
-      echo "--- shipped pair, $opts${DFLASH_LOGIT_ROWS:+ (rows read whole)}" | tee -a "$OUT/sampled.txt"
+      echo "--- shipped pair, $opts$label" | tee -a "$OUT/sampled.txt"
       timeout 90 "$BUILD/dflash" bench --device cuda --model models/qwen3-pycode-15m \
         --draft models/qwen3-pycode-15m-dflash --prompts models/prompts/heldout.jsonl -n 128 --no-adaptive $opts --seed 1 \
         2>&1 | grep -E "^ALL|^time|^DFlash" | tee -a "$OUT/sampled.txt"
     fi
     if [[ -f $Q8B/config.json ]]; then
-      echo "--- Qwen3-8B shapes, $opts${DFLASH_LOGIT_ROWS:+ (rows read whole)}" | tee -a "$OUT/sampled.txt"
+      echo "--- Qwen3-8B shapes, $opts$label" | tee -a "$OUT/sampled.txt"
       timeout 120 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash --prompt-ids "$(q8b_prompt)" \
         -n 64 --ignore-eos --no-adaptive $opts --seed 1 2>&1 | grep -E "^ALL|^time|^DFlash" | tee -a "$OUT/sampled.txt"
     fi
   done
+  unset DFLASH_LOGIT_ROWS OMP_NUM_THREADS
 fi
 
 if has ncu; then
