@@ -256,12 +256,12 @@ namespace {
 
 // A drafted block's rows drawn in one call (choose_rows, which builds the laws of rows read whole
 // on every core first) are the tokens of one draw a row from the same generator, and the laws
-// built at once (there and by look_up) are those built one by one: flat rows, whose top-p
-// nucleus is over the device's candidate cap and so read whole, between peaked rows that come
-// as candidates; and the forms that read every row whole.
+// built at once are those built one by one: flat rows, whose top-p nucleus is over the
+// device's candidate cap and so read whole, between peaked rows that come as candidates; and
+// the forms that read every row whole.
 TEST(LogitRowsBlock, LawsBuiltTogetherDrawTheSingleDrawsTokens) {
   auto cpu = make_cpu_backend();
-  const int rows = 6, vocab = 6000;
+  const int rows = 6, vocab = 100000;  // big enough rows for the threads (logit_rows.cc)
   std::vector<float> host;
   Rng fill(9);
   for (int r = 0; r < rows; ++r) {
@@ -283,25 +283,20 @@ TEST(LogitRowsBlock, LawsBuiltTogetherDrawTheSingleDrawsTokens) {
   for (const SamplingParams& sp : {top_p, min_p, wide_k}) {
     SCOPED_TRACE("top_p " + std::to_string(sp.top_p) + " min_p " + std::to_string(sp.min_p) + " top_k " +
                  std::to_string(sp.top_k));
-    LogitRows block(*cpu, sp, vocab), single(*cpu, sp, vocab), looked(*cpu, sp, vocab);
-    for (int round = 0; round < 4; ++round) {
+    LogitRows block(*cpu, sp, vocab), single(*cpu, sp, vocab);
+    for (int round = 0; round < 2; ++round) {
       block.read(logits);
       single.read(logits);
-      looked.read(logits);
       Rng a(200 + round), b(200 + round);
       std::vector<int32_t> drawn(rows);
       block.choose_rows(drawn.data(), rows, [](int) { return TokenHistory{}; }, a);
-      looked.look_up(drawn.data(), rows);  // the acceptance rule's first rows, built at once
       for (int r = 0; r < rows; ++r) {
-        const auto& early = dynamic_cast<const SupportLaw&>(looked.law(r, TokenHistory{})).distribution();
         const TokenLaw& one = single.law(r, TokenHistory{});
         ASSERT_EQ(drawn[size_t(r)], one.draw(b)) << "round " << round << ", row " << r;
         const auto& built = dynamic_cast<const SupportLaw&>(block.law(r, TokenHistory{})).distribution();
         const auto& alone = dynamic_cast<const SupportLaw&>(one).distribution();
         EXPECT_EQ(built.ids, alone.ids) << "row " << r;
         EXPECT_EQ(built.probs, alone.probs) << "row " << r;
-        EXPECT_EQ(early.ids, alone.ids) << "row " << r;
-        EXPECT_EQ(early.probs, alone.probs) << "row " << r;
         if (r % 2 == 0 && sp.top_p < 1.0) {
           EXPECT_GT(built.ids.size(), 2048u) << "row " << r << " should be over the cap";
         }

@@ -272,7 +272,7 @@ std::vector<CandidateRow> candidates_on_host(Backend& b, const Tensor& logits, i
   std::vector<CandidateRow> out(size_t(logits.rows));
   // Rows are independent, and a vocabulary-sized row costs milliseconds (the sampler's drafted
   // block is 16 of them).
-#pragma omp parallel for schedule(dynamic) if (logits.rows > 1 && logits.rows * logits.cols > (1 << 16))
+#pragma omp parallel for schedule(dynamic) if (logits.rows > 1 && logits.rows * logits.cols > (1 << 18))
   for (int64_t r = 0; r < logits.rows; ++r) {
     CandidateRow& c = out[size_t(r)];
     select(rows.data() + r * logits.cols, static_cast<int>(logits.cols), c);

@@ -44,9 +44,9 @@ class LogitRows {
   // sampling without penalties, the n laws are built first, in parallel, then drawn in order.
   void choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng);
   // Row r's law will be asked for p(ids[r]), r < n: in the DeviceRows form every row's law and
-  // those values are fetched now in one call (the acceptance rule's p(d) for a whole block); in
-  // the other forms, sampling without penalties, the laws of the first rows (as many as there
-  // are threads) are built now, in parallel.
+  // those values are fetched now in one call (the acceptance rule's p(d) for a whole block); a
+  // no-op in the other forms (there the rule asks rows one by one until it rejects, and building
+  // the block's laws at once cost more than the one or two it asks: H200, 8B shapes, top-p 0.9).
   void look_up(const int32_t* ids, int n);
   // The law row `r` is sampled from (speculative sampling's p and q); valid until the next read().
   const TokenLaw& law(int r, const TokenHistory& h);
