@@ -71,8 +71,7 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
       vocab_(vocab),
       inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)),
       penalties_(sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0) {
-  const bool penalties = penalties_;
-  const bool sampled = !sp.greedy() && !penalties, every_k = sp.top_k == 0 || sp.top_k >= vocab;
+  const bool sampled = !sp.greedy() && !penalties_, every_k = sp.top_k == 0 || sp.top_k >= vocab;
   // Temperature alone: no candidate set is smaller than the row.
   const bool temperature_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p == 0.0;
   if (sp.argmax_only()) form_ = Form::Argmax;

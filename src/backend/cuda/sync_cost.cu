@@ -47,10 +47,11 @@ __global__ void step_kernel(const unsigned* in, unsigned* out, int step) {
 // producer's blocks count themselves out on a counter once their last read and write is done
 // (handoff_signal), and the consumer, resident early under PDL, waits for that count instead of
 // griddepcontrol.wait. The consumer's last block to pass sets the counter back to zero. Whether
-// the wait is what a boundary costs: on two H200s it is not (a step as long as with the wait,
-// 2026-12-01), and neither is launching (the next kernel launched before the wait: no faster
-// either); the split attention's merge released this way made plain decode 1 % slower, so the
-// backend's kernels keep the wait (docs/benchmarks.md, "nineteenth pass").
+// the wait is what a boundary costs: on the H200 it is not (3.2-3.4 µs a step against the
+// wait's 3.0-3.1, 2026-12-01), and neither is launching (the next kernel launched before the
+// wait: no faster either); the split attention's merge released this way made plain decode 1 %
+// slower, so the backend's kernels keep the wait (docs/benchmarks.md, nineteenth and twentieth
+// passes).
 struct KernelHandoff {
   unsigned* counter = nullptr;  // [0]: producer blocks done, [1]: consumer blocks passed
   unsigned producer_blocks = 0;
