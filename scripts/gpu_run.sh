@@ -232,7 +232,7 @@ if has ab; then
       setting_words "$setting"
       env "${words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
         --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
-        | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs"
+        | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs|^prefill"
     done
   done
 fi

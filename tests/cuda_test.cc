@@ -57,53 +57,75 @@ std::vector<float> download(Backend& b, const Tensor& t) {
   return v;
 }
 
+// Random bf16-representable attention inputs (both backends see the same values) on the GPU
+// and the host, and the CPU backend's f32 attention of them: the reference for the GPU paths.
+// Cache rows past kv_len are NaN: a kernel that reads them poisons its output.
+struct AttentionInputs {
+  int64_t T, hq, hkv, D, kv_len, q_pos0;
+  AttentionMask mask;
+  std::vector<float> q, k, v;
+  Tensor gq, gk, gv;
+
+  AttentionInputs(Backend& gpu, int64_t T_, int64_t hq_, int64_t hkv_, int64_t D_, int64_t kv_len_, int64_t q_pos0_,
+                  AttentionMask mask_)
+      : T(T_), hq(hq_), hkv(hkv_), D(D_), kv_len(kv_len_), q_pos0(q_pos0_), mask(mask_) {
+    const int64_t cache_rows = kv_len + 37;
+    std::mt19937 rng(static_cast<uint32_t>(T * 1000 + D));
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto fill = [&](int64_t rows, int64_t cols, float scale) {
+      std::vector<float> h(size_t(rows * cols));
+      for (auto& x : h) x = bf16_to_f32(f32_to_bf16(scale * nd(rng)));
+      return h;
+    };
+    // q at twice the spread of k makes the softmax peaked enough that a wrong key would show.
+    q = fill(T, hq * D, 2.f), k = fill(cache_rows, hkv * D, 1.f), v = fill(cache_rows, hkv * D, 1.f);
+    for (int64_t i = kv_len * hkv * D; i < cache_rows * hkv * D; ++i) k[size_t(i)] = v[size_t(i)] = NAN;
+    auto to_gpu = [&](const std::vector<float>& h, int64_t rows, int64_t cols) {
+      Tensor f = gpu.upload(h.data(), rows, cols);
+      Tensor b = gpu.alloc(rows, cols, DType::BF16);
+      gpu.copy(f, b);
+      return b;
+    };
+    gq = to_gpu(q, T, hq * D), gk = to_gpu(k, cache_rows, hkv * D), gv = to_gpu(v, cache_rows, hkv * D);
+  }
+  std::string describe() const {
+    return "T " + std::to_string(T) + ", heads " + std::to_string(hq) + "/" + std::to_string(hkv) + " x " +
+           std::to_string(D) + ", kv_len " + std::to_string(kv_len) + ", q_pos0 " + std::to_string(q_pos0) +
+           (mask == AttentionMask::Causal ? ", causal" : ", no mask");
+  }
+  std::vector<float> cpu_reference() const {
+    auto cpu = make_cpu_backend();
+    const int64_t cache_rows = kv_len + 37;
+    const Tensor cq = cpu->upload(q.data(), T, hq * D), ck = cpu->upload(k.data(), cache_rows, hkv * D),
+                 cv = cpu->upload(v.data(), cache_rows, hkv * D);
+    Tensor cout = cpu->alloc(T, hq * D, DType::F32);
+    cpu->attention(cq, ck, cv, kv_len, q_pos0, D, mask, cout);
+    return download(*cpu, cout);
+  }
+};
+
 // Attention of T query rows at positions q_pos0 … over kv_len cached keys: each row computed in
 // the block must equal, bit for bit, the same row computed alone (T = 1, kv_len = its visible
-// count: a plain decode step), and the block must be near the CPU backend's f32 attention on the
-// same bf16-representable inputs.
+// count: a plain decode step), and the block must be near the CPU backend's f32 attention.
 void check_attention_rows_alone(Backend& gpu, int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t kv_len,
                                 int64_t q_pos0, AttentionMask mask) {
-  SCOPED_TRACE("T " + std::to_string(T) + ", heads " + std::to_string(hq) + "/" + std::to_string(hkv) + " x " +
-               std::to_string(D) + ", kv_len " + std::to_string(kv_len) + ", q_pos0 " + std::to_string(q_pos0) +
-               (mask == AttentionMask::Causal ? ", causal" : ", no mask"));
-  const int64_t cache_rows = kv_len + 37;
-  std::mt19937 rng(static_cast<uint32_t>(T * 1000 + D));
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto fill = [&](int64_t rows, int64_t cols, float scale) {
-    std::vector<float> h(size_t(rows * cols));
-    for (auto& x : h) x = bf16_to_f32(f32_to_bf16(scale * nd(rng)));  // exact in bf16: both backends see the same
-    return h;
-  };
-  // q at twice the spread of k makes the softmax peaked enough that a wrong key would show.
-  auto q = fill(T, hq * D, 2.f), k = fill(cache_rows, hkv * D, 1.f), v = fill(cache_rows, hkv * D, 1.f);
-  for (int64_t i = kv_len * hkv * D; i < cache_rows * hkv * D; ++i) k[size_t(i)] = v[size_t(i)] = NAN;  // never read
-  auto to_gpu = [&](const std::vector<float>& h, int64_t rows, int64_t cols) {
-    Tensor f = gpu.upload(h.data(), rows, cols);
-    Tensor b = gpu.alloc(rows, cols, DType::BF16);
-    gpu.copy(f, b);
-    return b;
-  };
-  const Tensor gq = to_gpu(q, T, hq * D), gk = to_gpu(k, cache_rows, hkv * D), gv = to_gpu(v, cache_rows, hkv * D);
+  const AttentionInputs in(gpu, T, hq, hkv, D, kv_len, q_pos0, mask);
+  SCOPED_TRACE(in.describe());
   Tensor gout = gpu.alloc(T, hq * D, DType::BF16);
-  gpu.attention(gq, gk, gv, kv_len, q_pos0, D, mask, gout);
+  gpu.attention(in.gq, in.gk, in.gv, kv_len, q_pos0, D, mask, gout);
   const auto block = download(gpu, gout);
   for (const float x : block) ASSERT_TRUE(std::isfinite(x));
 
   for (int64_t t = 0; t < T; ++t) {
     const int64_t visible = mask == AttentionMask::Causal ? std::min(kv_len, q_pos0 + t + 1) : kv_len;
     Tensor out1 = gpu.alloc(1, hq * D, DType::BF16);
-    gpu.attention(gq.slice_rows(t, 1), gk, gv, visible, q_pos0 + t, D, mask, out1);
+    gpu.attention(in.gq.slice_rows(t, 1), in.gk, in.gv, visible, q_pos0 + t, D, mask, out1);
     const auto alone = download(gpu, out1);
     EXPECT_EQ(std::memcmp(alone.data(), block.data() + t * hq * D, alone.size() * sizeof(float)), 0)
         << "row " << t << " differs between the block and alone (kv_len " << visible << ")";
   }
 
-  auto cpu = make_cpu_backend();
-  const Tensor cq = cpu->upload(q.data(), T, hq * D), ck = cpu->upload(k.data(), cache_rows, hkv * D),
-               cv = cpu->upload(v.data(), cache_rows, hkv * D);
-  Tensor cout = cpu->alloc(T, hq * D, DType::F32);
-  cpu->attention(cq, ck, cv, kv_len, q_pos0, D, mask, cout);
-  const double l2 = relative_l2(block, download(*cpu, cout));
+  const double l2 = relative_l2(block, in.cpu_reference());
   EXPECT_LT(l2, 1e-2);
   std::printf("[ cuda     ] attention T %lld kv_len %lld D %lld: relative L2 vs CPU %.2e\n", static_cast<long long>(T),
               static_cast<long long>(kv_len), static_cast<long long>(D), l2);
@@ -120,6 +142,39 @@ TEST(CudaAttention, SplitKvRowsInBlockEqualRowsAlone) {
   // head_dim 256 (smaller tiles) and an odd one (the scalar load path), one KV head.
   check_attention_rows_alone(*backend, 16, 16, 1, 256, 200, 184, AttentionMask::Causal);
   check_attention_rows_alone(*backend, 5, 6, 6, 12, 130, 125, AttentionMask::Causal);
+}
+
+// Prefill (more than kAttentionSplitMaxRows rows): the flash kernel on the tensor cores for head
+// sizes 16 … 128, the row kernel otherwise. Every output near the CPU backend's f32 attention:
+// one bf16 rounding of the output is about 2e-3 of it, a wrong key or a lost tile far more.
+TEST(CudaAttention, PrefillNearCpu) {
+  REQUIRE_GPU(backend);
+  struct Case {
+    int64_t T, hq, hkv, D, kv_len, q_pos0;
+    AttentionMask mask;
+  };
+  const Case cases[] = {
+      {512, 32, 8, 128, 512, 0, AttentionMask::Causal},    // Qwen3-8B's heads, a fresh prompt
+      {40, 32, 8, 128, 140, 100, AttentionMask::Causal},   // a prompt after 100 cached rows
+      {100, 16, 8, 128, 100, 0, AttentionMask::Causal},    // group 2, rows no multiple of 16
+      {33, 40, 8, 128, 300, 0, AttentionMask::None},       // group 5 (units across row tiles), no mask
+      {200, 8, 8, 64, 230, 30, AttentionMask::Causal},     // group 1, head_dim 64
+      {70, 4, 2, 16, 70, 0, AttentionMask::Causal},        // the tiny goldens' head_dim
+      {45, 6, 3, 32, 45, 0, AttentionMask::Causal},
+      {50, 4, 2, 96, 50, 0, AttentionMask::Causal},        // the row kernel (head_dim 96)
+      {64, 4, 4, 256, 64, 0, AttentionMask::Causal},       // the row kernel (head_dim 256)
+  };
+  for (const Case& c : cases) {
+    const AttentionInputs in(*backend, c.T, c.hq, c.hkv, c.D, c.kv_len, c.q_pos0, c.mask);
+    SCOPED_TRACE(in.describe());
+    Tensor out = backend->alloc(c.T, c.hq * c.D, DType::BF16);
+    backend->attention(in.gq, in.gk, in.gv, c.kv_len, c.q_pos0, c.D, c.mask, out);
+    const auto got = download(*backend, out);
+    for (const float x : got) ASSERT_TRUE(std::isfinite(x));
+    const double l2 = relative_l2(got, in.cpu_reference());
+    EXPECT_LT(l2, 5e-3);
+    std::printf("[ cuda     ] prefill attention %s: relative L2 vs CPU %.2e\n", in.describe().c_str(), l2);
+  }
 }
 
 // One layer's T new rows through q/k-norm, RoPE and the cache store, then attention, as a

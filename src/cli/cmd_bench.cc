@@ -89,6 +89,45 @@ double copy_bandwidth() {
   return best;
 }
 
+// Prefill of one prompt (the longest given), timed apart from generation: the forward pass over
+// the prompt with the last row's logits read back (what a first token waits for), then, with a
+// drafter, its context update from the target's features (device time between two marks). The median of a few runs, after the
+// generation above has warmed every path up.
+void measure_prefill(LoadedModels& m, const std::vector<int32_t>& prompt, nlohmann::json& report) {
+  Qwen3Model& target = *m.target;
+  const std::vector<int> features = m.drafter ? m.drafter->config().target_layer_ids : std::vector<int>{};
+  std::vector<float> last(size_t(target.config().vocab_size));
+  std::vector<double> target_ms, drafter_ms;
+  for (int rep = 0; rep < 5; ++rep) {
+    SequenceState ts = target.new_sequence(int64_t(prompt.size()) + 1);
+    auto t0 = std::chrono::steady_clock::now();
+    const ForwardOutput out = target.forward(ts, prompt, false, features);
+    m.backend->download(out.logits, last.data());
+    auto t1 = std::chrono::steady_clock::now();
+    target_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (m.drafter) {
+      SequenceState ds = m.drafter->new_sequence(int64_t(prompt.size()) + m.drafter->config().block_size);
+      const auto from = m.backend->mark();
+      m.drafter->add_context(ds, out.features);
+      const auto to = m.backend->mark();
+      drafter_ms.push_back(1e3 * m.backend->seconds_between(*from, *to));
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double tm = median(target_ms);
+  std::printf("prefill %zu tokens: %.3f ms (median of 5), %.0f tokens/s", prompt.size(), tm, 1e3 * double(prompt.size()) / tm);
+  report["prefill"] = {{"tokens", prompt.size()}, {"target_ms", tm}, {"tokens_per_second", 1e3 * double(prompt.size()) / tm}};
+  if (m.drafter) {
+    const double dm = median(drafter_ms);
+    std::printf("; drafter context %.3f ms", dm);
+    report["prefill"]["drafter_context_ms"] = dm;
+  }
+  std::printf("\n");
+}
+
 #ifdef DFLASH_CUDA
 // --graph-probe: how much of a step's GPU time CUDA graphs would recover. Each of a decode
 // step, a verification of a block and a draft of a block runs at a fixed place after the
@@ -230,6 +269,9 @@ int run_bench(BenchArgs& a) {
                              {"first_refusal", g.first_refusal}};
   }
 #endif
+  measure_prefill(m, std::max_element(prompts.begin(), prompts.end(), [](const BenchPrompt& x, const BenchPrompt& y) {
+                      return x.ids.size() < y.ids.size();
+                    })->ids, report);
   if (a.graph_probe) {
 #ifdef DFLASH_CUDA
     if (m.backend->device() != DeviceKind::CUDA) throw Error("--graph-probe needs --device cuda");

@@ -733,6 +733,8 @@ int run_doctor(const DoctorArgs& a) {
   d.attention(16, 32, 8, 128, 611, 595, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 621, 595, AttentionMask::Causal);  // rows past the block: masked
   if (!q) d.attention(512, 32, 8, 128, 512, 0, AttentionMask::Causal);
+  d.attention(40, 32, 8, 128, 140, 100, AttentionMask::Causal);  // a prompt after cached rows (prefill)
+  d.attention(100, 16, 8, 64, 100, 0, AttentionMask::Causal);    // prefill, rows no multiple of 16
   d.attention(16, 32, 8, 128, 749, 733, AttentionMask::None);
   d.attention(5, 6, 2, 64, 77, 72, AttentionMask::Causal);
   d.attention(4, 4, 1, 16, 33, 29, AttentionMask::None);
