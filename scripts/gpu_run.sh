@@ -6,6 +6,7 @@
 #
 #   scripts/gpu_run.sh            # all steps
 #   STEPS="build doctor" scripts/gpu_run.sh
+#   STEPS="build prefill" PREFILL_LENS="512 4096" PREFILL_AB="DFLASH_ATTN_PREFILL=rows" scripts/gpu_run.sh
 #   STEPS="build bench ab" AB="DFLASH_CUDA_PDL=0|" scripts/gpu_run.sh   # A/B under settings
 #   STEPS="build bench ab" AB="||" AB_TREE=ab_prev scripts/gpu_run.sh   # A/B of a code change: ab_prev holds
 #                                             # the changed files as they were (an untracked folder)
@@ -49,7 +50,7 @@ fi
 
 OUT=${OUT:-/tmp/dflash-gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-"env build tests doctor pycode bench forced sampled hf"}
+STEPS=${STEPS:-"env build tests doctor pycode bench prefill forced sampled hf"}
 Q8B=${Q8B:-build-gpu/q8b}  # synthesised weights: kept between calls while the machine stays warm
 TEST_FILTER=${TEST_FILTER:-'*Cuda*'}
 BUILD=${BUILD:-build-gpu}
@@ -182,7 +183,7 @@ fi
 
 q8b_prompt() { python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(151000)) for _ in range(512)))"; }
 
-if has bench || has sampled; then
+if has bench || has sampled || has prefill; then
   step "synth Qwen3-8B-shaped random bf16 checkpoints"
   t0=$(date +%s)
   if [[ ! -f $Q8B/config.json ]]; then
@@ -217,6 +218,30 @@ if m:
     if tps:
         print(f"plain decode {tps:.1f} tokens/s = {100*tps/bound:.1f}% of the bound")
 EOF
+fi
+
+if has prefill; then
+  # Prefill alone at longer prompts (target only, 4 new tokens): the bench's "prefill" line is
+  # the median of 5 forward passes over the prompt. DFLASH_ATTN_PREFILL=rows is the attention
+  # kernel before the tensor-core one (slow at long prompts: run where it stays short).
+  step "prefill at Qwen3-8B shapes: ${PREFILL_LENS:=512 2048 8192} tokens"
+  for n in $PREFILL_LENS; do
+    ids=$(python3 -c "import random; r=random.Random($n); print(','.join(str(r.randrange(151000)) for _ in range($n)))")
+    for setting in "" ${PREFILL_AB:-}; do
+      [[ -n $setting && $n -gt 2048 ]] && continue
+      echo "--- $n tokens ${setting:-default}" | tee -a "$OUT/prefill.txt"
+      setting_words "$setting"
+      env "${words[@]}" timeout 150 "$BUILD/dflash" bench --device cuda --model $Q8B --prompt-ids "$ids" -n 4 --ignore-eos \
+        2>&1 | grep -E "^prefill|^time" | tee -a "$OUT/prefill.txt"
+    done
+  done
+  # Where a prompt's time goes: the per-op profiler's rows of prompt-sized ops at the first length
+  # (its mean leaves each shape's first call out).
+  n=${PREFILL_LENS%% *}
+  ids=$(python3 -c "import random; r=random.Random($n); print(','.join(str(r.randrange(151000)) for _ in range($n)))")
+  echo "--- $n tokens, per-op profile (DFLASH_CUDA_PROFILE=1)" | tee -a "$OUT/prefill.txt"
+  DFLASH_CUDA_PROFILE=1 timeout 150 "$BUILD/dflash" bench --device cuda --model $Q8B --prompt-ids "$ids" -n 4 --ignore-eos \
+    2>&1 | grep -E "^op |^[a-z_]+.* (T)?$n[x ]" | tee -a "$OUT/prefill.txt"
 fi
 
 if has ab; then

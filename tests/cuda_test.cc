@@ -241,6 +241,62 @@ TEST(CudaAttention, NewRowsInBlockEqualRowsAlone) {
   check_new_rows_alone(*backend, 5, 6, 2, 96, 40);
 }
 
+// q/k-norm, RoPE and the cache store for a prompt's rows (more than kAttentionSplitMaxRows: one
+// warp per row and head) must give the numbers the decode kernel (one block per row and head)
+// gives each row alone: q rotated in place and the K/V cache rows, bit for bit.
+TEST(CudaQkNormRope, PromptRowsEqualRowsAlone) {
+  REQUIRE_GPU(backend);
+  Backend& gpu = *backend;
+  for (const int64_t D : {64, 128, 256}) {
+    const int64_t T = 40, hq = 8, hkv = 2, pos0 = 9, cols = (hq + 2 * hkv) * D, cache_rows = pos0 + T;
+    SCOPED_TRACE("head_dim " + std::to_string(D));
+    std::mt19937 rng(static_cast<uint32_t>(D));
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto fill = [&](int64_t n, float mean, float scale) {
+      std::vector<float> h(static_cast<size_t>(n));
+      for (auto& x : h) x = bf16_to_f32(f32_to_bf16(mean + scale * nd(rng)));
+      return h;
+    };
+    const auto x = fill(T * cols, 0.f, 2.f), qn = fill(D, 1.f, 0.2f), kn = fill(D, 1.f, 0.2f);
+    const Tensor gqn = gpu.upload(qn.data(), 1, D), gkn = gpu.upload(kn.data(), 1, D);
+    RopeConfig rc;
+    rc.theta = 1e6;
+    RopeTable table(rc, int(D));
+    table.ensure(cache_rows);
+    auto to_bf16 = [&](const float* h, int64_t rows, int64_t c) {
+      Tensor f = gpu.upload(h, rows, c);
+      Tensor b = gpu.alloc(rows, c, DType::BF16);
+      gpu.copy(f, b);
+      return b;
+    };
+    // Rows t0 … t0 + rows − 1 in one call; q comes back from xt, rotated in place.
+    auto run = [&](int64_t t0, int64_t rows, Tensor& k_cache, Tensor& v_cache) {
+      Tensor xt = to_bf16(x.data() + t0 * cols, rows, cols);
+      std::vector<int32_t> positions(static_cast<size_t>(rows));
+      for (int64_t i = 0; i < rows; ++i) positions[size_t(i)] = int32_t(pos0 + t0 + i);
+      Tensor k_dst = k_cache.slice_rows(pos0 + t0, rows), v_dst = v_cache.slice_rows(pos0 + t0, rows);
+      Tensor q = xt.slice_cols(0, hq * D);
+      gpu.qk_norm_rope_store(q, xt.slice_cols(hq * D, hkv * D), xt.slice_cols((hq + hkv) * D, hkv * D), gqn, gkn,
+                             1e-6f, positions, D, table, k_dst, v_dst);
+      return download(gpu, q);
+    };
+    Tensor kb = gpu.alloc(cache_rows, hkv * D, DType::BF16), vb = gpu.alloc(cache_rows, hkv * D, DType::BF16);
+    Tensor ka = gpu.alloc(cache_rows, hkv * D, DType::BF16), va = gpu.alloc(cache_rows, hkv * D, DType::BF16);
+    const auto q_block = run(0, T, kb, vb);
+    std::vector<float> q_alone;
+    for (int64_t t = 0; t < T; ++t) {
+      const auto row = run(t, 1, ka, va);
+      q_alone.insert(q_alone.end(), row.begin(), row.end());
+    }
+    for (const float v : q_block) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(std::memcmp(q_block.data(), q_alone.data(), q_block.size() * sizeof(float)), 0) << "q differs";
+    for (auto [b, a] : {std::pair{&kb, &ka}, std::pair{&vb, &va}}) {
+      const auto cb = download(gpu, b->slice_rows(pos0, T)), ca = download(gpu, a->slice_rows(pos0, T));
+      EXPECT_EQ(std::memcmp(cb.data(), ca.data(), cb.size() * sizeof(float)), 0) << "cache rows differ";
+    }
+  }
+}
+
 // The skinny products (skinny_matmul.cu) at 16 rows, whose weights are cut into K slices (2,
 // 4 or 8 a block at these shapes): every row of a block must equal the row alone, bit for bit,
 // for each epilogue: the plain product (4064 columns: one n8 tile a warp, four slices), the

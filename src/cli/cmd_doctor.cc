@@ -677,6 +677,12 @@ int run_doctor(const DoctorArgs& a) {
   // The LM head (vocab 151936): the largest single weight a decode step streams.
   if (!q) d.matmul(16, 4096, 151936, DType::F32, false);
   if (!q) d.matmul(512, 4096, 4096, DType::BF16, false);
+  // A Qwen3-8B layer's prefill products at 512 rows (cuBLAS): q/k/v, o and down onto the f32
+  // residual, gate/up.
+  if (!q) d.matmul(512, 4096, 6144, DType::BF16, false);
+  if (!q) d.matmul(512, 4096, 4096, DType::F32, true);
+  if (!q) d.matmul(512, 4096, 24576, DType::BF16, false);
+  if (!q) d.matmul(512, 12288, 4096, DType::F32, true);
   d.matmul(512, 4096, 1024, DType::BF16, true);
   d.matmul(33, 64, 96, DType::BF16, false);
   d.matmul(32, 64, 96, DType::F32, true);

@@ -40,6 +40,7 @@ class OpProfiler {
     std::string op, shape;
     int64_t calls = 0;
     double total_ms = 0;
+    double first_ms = 0;  // the first call alone: it carries one-time costs (cuBLAS loads its kernels)
   };
   // Waits for the recorded pairs and adds them into stats_; the events are then free again.
   void flush();
