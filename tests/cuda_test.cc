@@ -57,6 +57,14 @@ std::vector<float> download(Backend& b, const Tensor& t) {
   return v;
 }
 
+// n values of mean + scale · N(0, 1), each exact in bf16: both backends see the same numbers.
+std::vector<float> bf16_normal(std::mt19937& rng, int64_t n, float mean, float scale) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> h(static_cast<size_t>(n));
+  for (auto& x : h) x = bf16_to_f32(f32_to_bf16(mean + scale * nd(rng)));
+  return h;
+}
+
 // Random bf16-representable attention inputs (both backends see the same values) on the GPU
 // and the host, and the CPU backend's f32 attention of them: the reference for the GPU paths.
 // Cache rows past kv_len are NaN: a kernel that reads them poisons its output.
@@ -71,12 +79,7 @@ struct AttentionInputs {
       : T(T_), hq(hq_), hkv(hkv_), D(D_), kv_len(kv_len_), q_pos0(q_pos0_), mask(mask_) {
     const int64_t cache_rows = kv_len + 37;
     std::mt19937 rng(static_cast<uint32_t>(T * 1000 + D));
-    std::normal_distribution<float> nd(0.f, 1.f);
-    auto fill = [&](int64_t rows, int64_t cols, float scale) {
-      std::vector<float> h(size_t(rows * cols));
-      for (auto& x : h) x = bf16_to_f32(f32_to_bf16(scale * nd(rng)));
-      return h;
-    };
+    auto fill = [&](int64_t rows, int64_t cols, float scale) { return bf16_normal(rng, rows * cols, 0.f, scale); };
     // q at twice the spread of k makes the softmax peaked enough that a wrong key would show.
     q = fill(T, hq * D, 2.f), k = fill(cache_rows, hkv * D, 1.f), v = fill(cache_rows, hkv * D, 1.f);
     for (int64_t i = kv_len * hkv * D; i < cache_rows * hkv * D; ++i) k[size_t(i)] = v[size_t(i)] = NAN;
@@ -185,12 +188,7 @@ void check_new_rows_alone(Backend& gpu, int64_t T, int64_t hq, int64_t hkv, int6
                std::to_string(D) + ", pos0 " + std::to_string(pos0));
   const int64_t cols = (hq + 2 * hkv) * D, kv_len = pos0 + T, cache_rows = kv_len + 5;
   std::mt19937 rng(static_cast<uint32_t>(T * 7919 + D));
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto fill = [&](int64_t n, float mean, float scale) {
-    std::vector<float> h(static_cast<size_t>(n));
-    for (auto& x : h) x = bf16_to_f32(f32_to_bf16(mean + scale * nd(rng)));
-    return h;
-  };
+  auto fill = [&](int64_t n, float mean, float scale) { return bf16_normal(rng, n, mean, scale); };
   const auto x = fill(T * cols, 0.f, 2.f), qn = fill(D, 1.f, 0.2f), kn = fill(D, 1.f, 0.2f);
   auto kv = fill(cache_rows * hkv * D, 0.f, 1.f);
   for (int64_t i = pos0 * hkv * D; i < cache_rows * hkv * D; ++i) kv[size_t(i)] = NAN;  // written, then read
@@ -251,12 +249,7 @@ TEST(CudaQkNormRope, PromptRowsEqualRowsAlone) {
     const int64_t T = 40, hq = 8, hkv = 2, pos0 = 9, cols = (hq + 2 * hkv) * D, cache_rows = pos0 + T;
     SCOPED_TRACE("head_dim " + std::to_string(D));
     std::mt19937 rng(static_cast<uint32_t>(D));
-    std::normal_distribution<float> nd(0.f, 1.f);
-    auto fill = [&](int64_t n, float mean, float scale) {
-      std::vector<float> h(static_cast<size_t>(n));
-      for (auto& x : h) x = bf16_to_f32(f32_to_bf16(mean + scale * nd(rng)));
-      return h;
-    };
+    auto fill = [&](int64_t n, float mean, float scale) { return bf16_normal(rng, n, mean, scale); };
     const auto x = fill(T * cols, 0.f, 2.f), qn = fill(D, 1.f, 0.2f), kn = fill(D, 1.f, 0.2f);
     const Tensor gqn = gpu.upload(qn.data(), 1, D), gkn = gpu.upload(kn.data(), 1, D);
     RopeConfig rc;
