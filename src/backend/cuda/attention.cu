@@ -684,7 +684,11 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
 // Prefill rows need not equal decode rows bit for bit (they feed the cache, not a comparison),
 // so this path is free to tile by T. The one-block-per-(row, head) kernel above took 0.45 ms
 // for 512 rows at Qwen3-8B's heads (H200, 2026-11-29): it re-read every key once per query.
-constexpr int kPrefillWarps = 4;
+// Eight units a block: each K/V tile staged serves 128 queries. Against four (64 queries a
+// tile): 512 / 2048 / 8192 tokens 12.62 / 53.46 / 287.6 against 13.26 / 54.72 / 308.9 ms, one
+// run, H200, 2026-12-01 (likely from halving the K/V bytes each query pulls from L2; not
+// measured apart). 245 registers a thread: one block an SM, the same eight warps as two of four.
+constexpr int kPrefillWarps = 8;
 constexpr int kPrefillKeys = 64;
 constexpr int kPrefillRows = 16;  // query rows of a unit: one m16 tile
 
@@ -707,8 +711,8 @@ constexpr size_t prefill_smem_bytes() {
   return size_t(2) * 2 * kPrefillKeys * (D + 8) * sizeof(__nv_bfloat16);  // K and V, two stages
 }
 
-template <int D, bool LO>
-__global__ void __launch_bounds__(kPrefillWarps * 32) prefill_attention_kernel(const PrefillArgs a) {
+template <int D, bool LO, int W = kPrefillWarps>
+__global__ void __launch_bounds__(W * 32) prefill_attention_kernel(const PrefillArgs a) {
   static_assert(D % 16 == 0 && D <= 128, "whole k16 steps; the accumulators of D > 128 would spill");
   constexpr int Dp = D + 8;  // the pad staggers rows across banks for the fragment loads
   constexpr int KS = D / 16, DT = D / 8, NT = kPrefillKeys / 8, SEGS = D / 8;
@@ -719,13 +723,13 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_attention_kernel(c
   // The last row tiles see the most keys: their blocks go first.
   const int64_t b = int64_t(gridDim.x) - 1 - blockIdx.x;
   const int kvh = static_cast<int>(b % a.hkv);
-  const int64_t unit0 = b / a.hkv * kPrefillWarps;
+  const int64_t unit0 = b / a.hkv * W;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   auto visible = [&](int64_t row) {  // keys row sees (rows past T count as the last row)
     const int64_t r = row < a.T ? row : a.T - 1;
     return a.causal && a.q_pos0 + r + 1 < a.kv_len ? a.q_pos0 + r + 1 : a.kv_len;
   };
-  const int64_t last_unit = min(unit0 + kPrefillWarps, a.units) - 1;
+  const int64_t last_unit = min(unit0 + W, a.units) - 1;
   const int64_t n_keys = visible((last_unit / a.group) * kPrefillRows + kPrefillRows - 1);
   const int64_t unit = unit0 + warp;
   const bool active = unit < a.units;
@@ -738,7 +742,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_attention_kernel(c
   auto stage = [&](int64_t j0, int buf) {
     __nv_bfloat16* kd = Ks + buf * kPrefillKeys * Dp;
     __nv_bfloat16* vd = Vs + buf * kPrefillKeys * Dp;
-    for (int i = threadIdx.x; i < kPrefillKeys * SEGS; i += kPrefillWarps * 32) {
+    for (int i = threadIdx.x; i < kPrefillKeys * SEGS; i += W * 32) {
       const int r = i / SEGS, s8 = (i % SEGS) * 8;
       const int64_t j = j0 + r;
       if (j < n_keys) {
@@ -923,20 +927,37 @@ bool prefill_mma_enabled() {
   return enabled;
 }
 
-template <int D>
-void launch_prefill(const PrefillArgs& a, cudaStream_t s) {
+// Measuring only, read once: DFLASH_ATTN_PREFILL_WARPS=4 gives a block four units (half the
+// queries for each K/V tile staged) instead of kPrefillWarps.
+int prefill_warps() {
+  static const int w = [] {
+    const char* e = std::getenv("DFLASH_ATTN_PREFILL_WARPS");
+    return e && std::atoi(e) == 4 ? 4 : kPrefillWarps;
+  }();
+  return w;
+}
+
+template <int D, int W>
+void launch_prefill_warps(const PrefillArgs& a, cudaStream_t s) {
   // Two stages of K and V: 68 KiB at D = 128, above the 48 KiB a kernel gets without opting in.
   static const cudaError_t opt_in = [] {
-    for (auto* k : {prefill_attention_kernel<D, true>, prefill_attention_kernel<D, false>})
+    for (auto* k : {prefill_attention_kernel<D, true, W>, prefill_attention_kernel<D, false, W>})
       if (const cudaError_t e =
               cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prefill_smem_bytes<D>())))
         return e;
     return cudaSuccess;
   }();
   check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
-  const int64_t blocks = (a.units + kPrefillWarps - 1) / kPrefillWarps * a.hkv;
-  launch_kernel("attention", prefill_setting() == "bf16p" ? prefill_attention_kernel<D, false> : prefill_attention_kernel<D, true>,
-                static_cast<unsigned>(blocks), kPrefillWarps * 32, prefill_smem_bytes<D>(), s, a);
+  const int64_t blocks = (a.units + W - 1) / W * a.hkv;
+  launch_kernel("attention",
+                prefill_setting() == "bf16p" ? prefill_attention_kernel<D, false, W> : prefill_attention_kernel<D, true, W>,
+                static_cast<unsigned>(blocks), W * 32, prefill_smem_bytes<D>(), s, a);
+}
+
+template <int D>
+void launch_prefill(const PrefillArgs& a, cudaStream_t s) {
+  if (prefill_warps() == 4) launch_prefill_warps<D, 4>(a, s);
+  else launch_prefill_warps<D, kPrefillWarps>(a, s);
 }
 
 int64_t split_chunks(int64_t kv_len) { return (kv_len + kChunk - 1) / kChunk; }
