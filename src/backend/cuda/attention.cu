@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
 
 // Prefill on the tensor cores (sm_80+, D ∈ {16, 32, 64, 128}, 16-byte aligned K/V rows):
 // flash attention. A unit is 16 query rows of one head; units are ordered by row tile, then by
-// head of the GQA group, and the kPrefillWarps warps of a block take consecutive units of one
+// head of the GQA group, and the W warps of a block (kPrefillWarps) take consecutive units of one
 // KV head, so each tile of kPrefillKeys keys staged in shared memory (double-buffered, through
 // asynchronous copies) serves every head of the group. Scores and P·V run as in
 // split_chunk_mma (P split into bf16 hi + lo parts, so P·V keeps about f32 accuracy); the
