@@ -181,7 +181,9 @@ if has pycode; then
   fi
 fi
 
-q8b_prompt() { python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(151000)) for _ in range(512)))"; }
+# N random token ids (comma-separated) from seed SEED: random_ids N SEED
+random_ids() { python3 -c "import random; r=random.Random($2); print(','.join(str(r.randrange(151000)) for _ in range($1)))"; }
+q8b_prompt() { random_ids 512 7; }
 
 if has bench || has sampled || has prefill; then
   step "synth Qwen3-8B-shaped random bf16 checkpoints"
@@ -222,11 +224,11 @@ fi
 
 if has prefill; then
   # Prefill alone at longer prompts (target only, 4 new tokens): the bench's "prefill" line is
-  # the median of 5 forward passes over the prompt. DFLASH_ATTN_PREFILL=rows is the attention
+  # the median of a few forward passes over the prompt. DFLASH_ATTN_PREFILL=rows is the attention
   # kernel before the tensor-core one (slow at long prompts: run where it stays short).
   step "prefill at Qwen3-8B shapes: ${PREFILL_LENS:=512 2048 8192} tokens"
   for n in $PREFILL_LENS; do
-    ids=$(python3 -c "import random; r=random.Random($n); print(','.join(str(r.randrange(151000)) for _ in range($n)))")
+    ids=$(random_ids $n $n)
     for setting in "" ${PREFILL_AB:-}; do
       [[ $setting == *=rows && $n -gt 2048 ]] && continue  # minutes
       echo "--- $n tokens ${setting:-default}" | tee -a "$OUT/prefill.txt"
@@ -238,7 +240,7 @@ if has prefill; then
   # Where a prompt's time goes: the per-op profiler's rows of prompt-sized ops at the first length
   # (its mean leaves each shape's first call out).
   n=${PREFILL_LENS%% *}
-  ids=$(python3 -c "import random; r=random.Random($n); print(','.join(str(r.randrange(151000)) for _ in range($n)))")
+  ids=$(random_ids $n $n)
   echo "--- $n tokens, per-op profile (DFLASH_CUDA_PROFILE=1)" | tee -a "$OUT/prefill.txt"
   DFLASH_CUDA_PROFILE=1 timeout 150 "$BUILD/dflash" bench --device cuda --model $Q8B --prompt-ids "$ids" -n 4 --ignore-eos \
     2>&1 | grep -E "^op |^[a-z_]+.* (T)?$n[x ]" | tee -a "$OUT/prefill.txt"

@@ -71,13 +71,13 @@ std::vector<float> bf16_normal(std::mt19937& rng, int64_t n, float mean, float s
 struct AttentionInputs {
   int64_t T, hq, hkv, D, kv_len, q_pos0;
   AttentionMask mask;
+  int64_t cache_rows;  // kv_len and 37 rows past it
   std::vector<float> q, k, v;
   Tensor gq, gk, gv;
 
   AttentionInputs(Backend& gpu, int64_t T_, int64_t hq_, int64_t hkv_, int64_t D_, int64_t kv_len_, int64_t q_pos0_,
                   AttentionMask mask_)
-      : T(T_), hq(hq_), hkv(hkv_), D(D_), kv_len(kv_len_), q_pos0(q_pos0_), mask(mask_) {
-    const int64_t cache_rows = kv_len + 37;
+      : T(T_), hq(hq_), hkv(hkv_), D(D_), kv_len(kv_len_), q_pos0(q_pos0_), mask(mask_), cache_rows(kv_len_ + 37) {
     std::mt19937 rng(static_cast<uint32_t>(T * 1000 + D));
     auto fill = [&](int64_t rows, int64_t cols, float scale) { return bf16_normal(rng, rows * cols, 0.f, scale); };
     // q at twice the spread of k makes the softmax peaked enough that a wrong key would show.
@@ -98,7 +98,6 @@ struct AttentionInputs {
   }
   std::vector<float> cpu_reference() const {
     auto cpu = make_cpu_backend();
-    const int64_t cache_rows = kv_len + 37;
     const Tensor cq = cpu->upload(q.data(), T, hq * D), ck = cpu->upload(k.data(), cache_rows, hkv * D),
                  cv = cpu->upload(v.data(), cache_rows, hkv * D);
     Tensor cout = cpu->alloc(T, hq * D, DType::F32);

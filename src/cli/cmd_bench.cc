@@ -91,14 +91,15 @@ double copy_bandwidth() {
 
 // Prefill of one prompt (the longest given), timed apart from generation: the forward pass over
 // the prompt with the last row's logits read back (what a first token waits for), then, with a
-// drafter, its context update from the target's features (device time between two marks). The median of a few runs, after the
-// generation above has warmed every path up.
+// drafter, its context update from the target's features (device time between two marks). The
+// median of kPrefillRuns, after the generation above has warmed every path up.
+constexpr int kPrefillRuns = 5;
 void measure_prefill(LoadedModels& m, const std::vector<int32_t>& prompt, nlohmann::json& report) {
   Qwen3Model& target = *m.target;
   const std::vector<int> features = m.drafter ? m.drafter->config().target_layer_ids : std::vector<int>{};
   std::vector<float> last(size_t(target.config().vocab_size));
   std::vector<double> target_ms, drafter_ms;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < kPrefillRuns; ++rep) {
     SequenceState ts = target.new_sequence(int64_t(prompt.size()) + 1);
     auto t0 = std::chrono::steady_clock::now();
     const ForwardOutput out = target.forward(ts, prompt, false, features);
@@ -118,7 +119,8 @@ void measure_prefill(LoadedModels& m, const std::vector<int32_t>& prompt, nlohma
     return v[v.size() / 2];
   };
   const double tm = median(target_ms);
-  std::printf("prefill %zu tokens: %.3f ms (median of 5), %.0f tokens/s", prompt.size(), tm, 1e3 * double(prompt.size()) / tm);
+  std::printf("prefill %zu tokens: %.3f ms (median of %d), %.0f tokens/s", prompt.size(), tm, kPrefillRuns,
+              1e3 * double(prompt.size()) / tm);
   report["prefill"] = {{"tokens", prompt.size()}, {"target_ms", tm}, {"tokens_per_second", 1e3 * double(prompt.size()) / tm}};
   if (m.drafter) {
     const double dm = median(drafter_ms);
