@@ -197,20 +197,27 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-struct SplitArgs {
+// What every attention path reads and writes: T query rows against kv_len cached keys, the
+// first query at position q_pos0; scores scaled by scale_log2 for exp2.
+struct AttentionOperands {
   const __nv_bfloat16* q;
   const __nv_bfloat16* k;
   const __nv_bfloat16* v;
   int64_t ldq, ldk, ldv;
-  float2* part_ml;  // [T·hq·nc]: (max, sum of exp2) per (row, head, chunk)
-  float* part_o;    // [T·hq·nc, D]: unnormalised output per (row, head, chunk)
   __nv_bfloat16* out;
   int64_t ldo;
-  int64_t kv_len, q_pos0, T;
-  int hq, group, D, D8, nc;
-  int rows_per_block, heads_per_block, head_tiles;
+  int64_t T, kv_len, q_pos0;
+  int group;  // query heads per KV head
   float scale_log2;
-  bool causal, vec;
+  bool causal;
+};
+
+struct SplitArgs : AttentionOperands {
+  float2* part_ml;  // [T·hq·nc]: (max, sum of exp2) per (row, head, chunk)
+  float* part_o;    // [T·hq·nc, D]: unnormalised output per (row, head, chunk)
+  int hq, D, D8, nc;
+  int rows_per_block, heads_per_block, head_tiles;
+  bool vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
@@ -692,18 +699,9 @@ constexpr int kPrefillWarps = 8;
 constexpr int kPrefillKeys = 64;
 constexpr int kPrefillRows = 16;  // query rows of a unit: one m16 tile
 
-struct PrefillArgs {
-  const __nv_bfloat16* q;
-  const __nv_bfloat16* k;
-  const __nv_bfloat16* v;
-  int64_t ldq, ldk, ldv;
-  __nv_bfloat16* out;
-  int64_t ldo;
-  int64_t T, kv_len, q_pos0;
+struct PrefillArgs : AttentionOperands {
   int64_t units;  // per KV head: group · ⌈T / 16⌉
-  int hkv, group;
-  float scale_log2;
-  bool causal;
+  int hkv;
 };
 
 template <int D>
@@ -988,6 +986,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
   const auto* vp = static_cast<const __nv_bfloat16*>(v);
   auto* op = static_cast<__nv_bfloat16*>(out);
   const int group = static_cast<int>(hq / hkv), D = static_cast<int>(head_dim);
+  const AttentionOperands operands{qp, kp, vp, ldq, ldk, ldv, op, ldo, T, kv_len, q_pos0, group, scale_log2, causal};
 
   if (T <= kAttentionSplitMaxRows) {
     if (!scratch && attention_scratch_bytes(T, hq, head_dim, kv_len) > 0)
@@ -995,26 +994,13 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     const int64_t nc = split_chunks(kv_len);
     if (nc > INT32_MAX) throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " too long");
     SplitArgs a{};
-    a.q = qp;
-    a.k = kp;
-    a.v = vp;
-    a.ldq = ldq;
-    a.ldk = ldk;
-    a.ldv = ldv;
+    static_cast<AttentionOperands&>(a) = operands;
     a.part_ml = static_cast<float2*>(scratch);
     a.part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + split_ml_bytes(T, hq, nc));
-    a.out = op;
-    a.ldo = ldo;
-    a.kv_len = kv_len;
-    a.q_pos0 = q_pos0;
-    a.T = T;
     a.hq = static_cast<int>(hq);
-    a.group = group;
     a.D = D;
     a.D8 = round_up8(D);
     a.nc = static_cast<int>(nc);
-    a.scale_log2 = scale_log2;
-    a.causal = causal;
     a.vec = vec;
     a.qvec = D % 8 == 0 && rows_aligned16(q, ldq, 2);
     a.mma = vec && D % 16 == 0 && split_mma_enabled();
@@ -1079,22 +1065,9 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                      reinterpret_cast<uintptr_t>(out) % 4 == 0;
   if (vec && pairs && kv_len > 0 && (D == 16 || D == 32 || D == 64 || D == 128) && prefill_mma_enabled()) {
     PrefillArgs a{};
-    a.q = qp;
-    a.k = kp;
-    a.v = vp;
-    a.ldq = ldq;
-    a.ldk = ldk;
-    a.ldv = ldv;
-    a.out = op;
-    a.ldo = ldo;
-    a.T = T;
-    a.kv_len = kv_len;
-    a.q_pos0 = q_pos0;
+    static_cast<AttentionOperands&>(a) = operands;
     a.units = int64_t(group) * ((T + kPrefillRows - 1) / kPrefillRows);
     a.hkv = static_cast<int>(hkv);
-    a.group = group;
-    a.scale_log2 = scale_log2;
-    a.causal = causal;
     if (D == 16) launch_prefill<16>(a, s);
     else if (D == 32) launch_prefill<32>(a, s);
     else if (D == 64) launch_prefill<64>(a, s);
