@@ -147,7 +147,7 @@ TEST(CudaAttention, SplitKvRowsInBlockEqualRowsAlone) {
 }
 
 // Prefill (more than kAttentionSplitMaxRows rows): the flash kernel on the tensor cores for head
-// sizes 16 … 128, the row kernel otherwise. Every output near the CPU backend's f32 attention:
+// sizes 16, 32, 64, 96, 128 and 256, the row kernel otherwise. Every output near the CPU backend's f32 attention:
 // one bf16 rounding of the output is about 2e-3 of it, a wrong key or a lost tile far more.
 TEST(CudaAttention, PrefillNearCpu) {
   REQUIRE_GPU(backend);
@@ -163,8 +163,10 @@ TEST(CudaAttention, PrefillNearCpu) {
       {200, 8, 8, 64, 230, 30, AttentionMask::Causal},     // group 1, head_dim 64
       {70, 4, 2, 16, 70, 0, AttentionMask::Causal},        // the tiny goldens' head_dim
       {45, 6, 3, 32, 45, 0, AttentionMask::Causal},
-      {50, 4, 2, 96, 50, 0, AttentionMask::Causal},        // the row kernel (head_dim 96)
-      {64, 4, 4, 256, 64, 0, AttentionMask::Causal},       // the row kernel (head_dim 256)
+      {50, 4, 2, 96, 50, 0, AttentionMask::Causal},        // head_dim 96
+      {64, 4, 4, 256, 64, 0, AttentionMask::Causal},       // head_dim 256: 32-key tiles
+      {130, 24, 4, 256, 160, 30, AttentionMask::Causal},   // Qwen3.5's full-attention heads, group 6
+      {50, 4, 2, 80, 50, 0, AttentionMask::Causal},        // the row kernel (head_dim 80)
   };
   for (const Case& c : cases) {
     const AttentionInputs in(*backend, c.T, c.hq, c.hkv, c.D, c.kv_len, c.q_pos0, c.mask);

@@ -739,6 +739,7 @@ int run_doctor(const DoctorArgs& a) {
   d.attention(16, 32, 8, 128, 611, 595, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 621, 595, AttentionMask::Causal);  // rows past the block: masked
   if (!q) d.attention(512, 32, 8, 128, 512, 0, AttentionMask::Causal);
+  if (!q) d.attention(512, 24, 4, 256, 512, 0, AttentionMask::Causal);  // Qwen3.5's full-attention heads
   d.attention(40, 32, 8, 128, 140, 100, AttentionMask::Causal);  // a prompt after cached rows (prefill)
   d.attention(100, 16, 8, 64, 100, 0, AttentionMask::Causal);    // prefill, rows no multiple of 16
   d.attention(16, 32, 8, 128, 749, 733, AttentionMask::None);

@@ -681,10 +681,10 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   }
 }
 
-// Prefill on the tensor cores (sm_80+, D ∈ {16, 32, 64, 128}, 16-byte aligned K/V rows):
+// Prefill on the tensor cores (sm_80+, D ∈ {16, 32, 64, 96, 128, 256}, 16-byte aligned K/V rows):
 // flash attention. A unit is 16 query rows of one head; units are ordered by row tile, then by
 // head of the GQA group, and the W warps of a block (kPrefillWarps) take consecutive units of one
-// KV head, so each tile of kPrefillKeys keys staged in shared memory (double-buffered, through
+// KV head, so each tile of prefill_keys<D>() keys staged in shared memory (double-buffered, through
 // asynchronous copies) serves every head of the group. Scores and P·V run as in
 // split_chunk_mma (P split into bf16 hi + lo parts, so P·V keeps about f32 accuracy); the
 // softmax is online over the tiles, each row's max and sum held by the four lanes of its quad.
@@ -696,8 +696,14 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
 // run, H200, 2026-12-01 (likely from halving the K/V bytes each query pulls from L2; not
 // measured apart). 245 registers a thread: one block an SM, the same eight warps as two of four.
 constexpr int kPrefillWarps = 8;
-constexpr int kPrefillKeys = 64;
 constexpr int kPrefillRows = 16;  // query rows of a unit: one m16 tile
+// Keys a K/V tile holds. At head_dim 256 a warp's queries (64 registers) and output (128) leave
+// room for the scores of 32 keys only (255 registers and an 8-byte spill with the lo part; 16
+// keys a tile spill as much).
+template <int D>
+__host__ __device__ constexpr int prefill_keys() {
+  return D > 128 ? 32 : 64;
+}
 
 struct PrefillArgs : AttentionOperands {
   int64_t units;  // per KV head: group · ⌈T / 16⌉
@@ -706,12 +712,13 @@ struct PrefillArgs : AttentionOperands {
 
 template <int D>
 constexpr size_t prefill_smem_bytes() {
-  return size_t(2) * 2 * kPrefillKeys * (D + 8) * sizeof(__nv_bfloat16);  // K and V, two stages
+  return size_t(2) * 2 * prefill_keys<D>() * (D + 8) * sizeof(__nv_bfloat16);  // K and V, two stages
 }
 
 template <int D, bool LO, int W = kPrefillWarps>
 __global__ void __launch_bounds__(W * 32) prefill_attention_kernel(const PrefillArgs a) {
-  static_assert(D % 16 == 0 && D <= 128, "whole k16 steps; the accumulators of D > 128 would spill");
+  static_assert(D % 16 == 0 && D <= 256, "whole k16 steps; the accumulators of D > 256 would spill");
+  constexpr int kPrefillKeys = prefill_keys<D>();
   constexpr int Dp = D + 8;  // the pad staggers rows across banks for the fragment loads
   constexpr int KS = D / 16, DT = D / 8, NT = kPrefillKeys / 8, SEGS = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1063,7 +1070,8 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
   // 32-bit query loads and output stores: even strides and 4-byte aligned bases.
   const bool pairs = ldq % 2 == 0 && ldo % 2 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0 &&
                      reinterpret_cast<uintptr_t>(out) % 4 == 0;
-  if (vec && pairs && kv_len > 0 && (D == 16 || D == 32 || D == 64 || D == 128) && prefill_mma_enabled()) {
+  if (vec && pairs && kv_len > 0 && (D == 16 || D == 32 || D == 64 || D == 96 || D == 128 || D == 256) &&
+      prefill_mma_enabled()) {
     PrefillArgs a{};
     static_cast<AttentionOperands&>(a) = operands;
     a.units = int64_t(group) * ((T + kPrefillRows - 1) / kPrefillRows);
@@ -1071,7 +1079,9 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     if (D == 16) launch_prefill<16>(a, s);
     else if (D == 32) launch_prefill<32>(a, s);
     else if (D == 64) launch_prefill<64>(a, s);
-    else launch_prefill<128>(a, s);
+    else if (D == 96) launch_prefill<96>(a, s);
+    else if (D == 128) launch_prefill<128>(a, s);
+    else launch_prefill<256>(a, s);
     return;
   }
 
