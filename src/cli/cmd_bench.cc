@@ -27,6 +27,7 @@ struct BenchArgs {
   std::string prompt_ids;
   std::string json_out;
   int max_new_tokens = 128;
+  int prefill_runs = 5;  // 0: no prefill timing
   bool chat = false;
   bool bandwidth = false;
   bool ignore_eos = false;
@@ -92,14 +93,13 @@ double copy_bandwidth() {
 // Prefill of one prompt (the longest given), timed apart from generation: the forward pass over
 // the prompt with the last row's logits read back (what a first token waits for), then, with a
 // drafter, its context update from the target's features (device time between two marks). The
-// median of kPrefillRuns, after the generation above has warmed every path up.
-constexpr int kPrefillRuns = 5;
-void measure_prefill(LoadedModels& m, const std::vector<int32_t>& prompt, nlohmann::json& report) {
+// median of `runs`, after the generation above has warmed every path up.
+void measure_prefill(LoadedModels& m, const std::vector<int32_t>& prompt, int runs, nlohmann::json& report) {
   Qwen3Model& target = *m.target;
   const std::vector<int> features = m.drafter ? m.drafter->config().target_layer_ids : std::vector<int>{};
   std::vector<float> last(size_t(target.config().vocab_size));
   std::vector<double> target_ms, drafter_ms;
-  for (int rep = 0; rep < kPrefillRuns; ++rep) {
+  for (int rep = 0; rep < runs; ++rep) {
     SequenceState ts = target.new_sequence(int64_t(prompt.size()) + 1);
     auto t0 = std::chrono::steady_clock::now();
     const ForwardOutput out = target.forward(ts, prompt, false, features);
@@ -119,7 +119,7 @@ void measure_prefill(LoadedModels& m, const std::vector<int32_t>& prompt, nlohma
     return v[v.size() / 2];
   };
   const double tm = median(target_ms);
-  std::printf("prefill %zu tokens: %.3f ms (median of %d), %.0f tokens/s", prompt.size(), tm, kPrefillRuns,
+  std::printf("prefill %zu tokens: %.3f ms (median of %d), %.0f tokens/s", prompt.size(), tm, runs,
               1e3 * double(prompt.size()) / tm);
   report["prefill"] = {{"tokens", prompt.size()}, {"target_ms", tm}, {"tokens_per_second", 1e3 * double(prompt.size()) / tm}};
   if (m.drafter) {
@@ -271,9 +271,12 @@ int run_bench(BenchArgs& a) {
                              {"first_refusal", g.first_refusal}};
   }
 #endif
-  measure_prefill(m, std::max_element(prompts.begin(), prompts.end(), [](const BenchPrompt& x, const BenchPrompt& y) {
-                      return x.ids.size() < y.ids.size();
-                    })->ids, report);
+  if (a.prefill_runs > 0) {
+    const auto longest = std::max_element(prompts.begin(), prompts.end(), [](const BenchPrompt& x, const BenchPrompt& y) {
+      return x.ids.size() < y.ids.size();
+    });
+    measure_prefill(m, longest->ids, a.prefill_runs, report);
+  }
   if (a.graph_probe) {
 #ifdef DFLASH_CUDA
     if (m.backend->device() != DeviceKind::CUDA) throw Error("--graph-probe needs --device cuda");
@@ -296,6 +299,9 @@ RegisterCommand reg("bench", "Benchmark plain against speculative decoding over 
   sub.add_option("--prompts", a->prompts_file, "JSON lines: {\"prompt\": text} or {\"prompt_ids\": [...]}, optional \"name\", \"max_new_tokens\"");
   sub.add_option("--prompt-ids", a->prompt_ids, "One prompt as comma-separated token ids");
   sub.add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens per prompt (default 128)")->check(CLI::PositiveNumber);
+  sub.add_option("--prefill-runs", a->prefill_runs,
+                 "Time the longest prompt's prefill this many times and print the median (default 5; 0 skips it)")
+      ->check(CLI::Range(0, 1000));
   sub.add_flag("--chat", a->chat, "Wrap text prompts in the chat template");
   sub.add_flag("--ignore-eos", a->ignore_eos, "Generate max-new-tokens even past end-of-sequence");
   sub.add_flag("--bandwidth", a->bandwidth, "Also measure copy bandwidth and the plain-decode bound");

@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// What every attention path reads and writes: T query rows against kv_len cached keys, the
+// What the split and prefill kernels read and write: T query rows against kv_len cached keys, the
 // first query at position q_pos0; scores scaled by scale_log2 for exp2.
 struct AttentionOperands {
   const __nv_bfloat16* q;
