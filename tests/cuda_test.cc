@@ -57,6 +57,15 @@ std::vector<float> download(Backend& b, const Tensor& t) {
   return v;
 }
 
+// A rows × cols f32 host array on the device as `dt` (uploaded as f32, then converted there).
+Tensor upload_as(Backend& b, const float* h, int64_t rows, int64_t cols, DType dt) {
+  Tensor f = b.upload(h, rows, cols);
+  if (dt == DType::F32) return f;
+  Tensor t = b.alloc(rows, cols, dt);
+  b.copy(f, t);
+  return t;
+}
+
 // n values of mean + scale · N(0, 1), each exact in bf16: both backends see the same numbers.
 std::vector<float> bf16_normal(std::mt19937& rng, int64_t n, float mean, float scale) {
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -84,10 +93,7 @@ struct AttentionInputs {
     q = fill(T, hq * D, 2.f), k = fill(cache_rows, hkv * D, 1.f), v = fill(cache_rows, hkv * D, 1.f);
     for (int64_t i = kv_len * hkv * D; i < cache_rows * hkv * D; ++i) k[size_t(i)] = v[size_t(i)] = NAN;
     auto to_gpu = [&](const std::vector<float>& h, int64_t rows, int64_t cols) {
-      Tensor f = gpu.upload(h.data(), rows, cols);
-      Tensor b = gpu.alloc(rows, cols, DType::BF16);
-      gpu.copy(f, b);
-      return b;
+      return upload_as(gpu, h.data(), rows, cols, DType::BF16);
     };
     gq = to_gpu(q, T, hq * D), gk = to_gpu(k, cache_rows, hkv * D), gv = to_gpu(v, cache_rows, hkv * D);
   }
@@ -193,12 +199,7 @@ void check_new_rows_alone(Backend& gpu, int64_t T, int64_t hq, int64_t hkv, int6
   const auto x = fill(T * cols, 0.f, 2.f), qn = fill(D, 1.f, 0.2f), kn = fill(D, 1.f, 0.2f);
   auto kv = fill(cache_rows * hkv * D, 0.f, 1.f);
   for (int64_t i = pos0 * hkv * D; i < cache_rows * hkv * D; ++i) kv[size_t(i)] = NAN;  // written, then read
-  auto to_bf16 = [&](const float* h, int64_t rows, int64_t c) {
-    Tensor f = gpu.upload(h, rows, c);
-    Tensor b = gpu.alloc(rows, c, DType::BF16);
-    gpu.copy(f, b);
-    return b;
-  };
+  auto to_bf16 = [&](const float* h, int64_t rows, int64_t c) { return upload_as(gpu, h, rows, c, DType::BF16); };
   const Tensor gqn = gpu.upload(qn.data(), 1, D), gkn = gpu.upload(kn.data(), 1, D);
   RopeConfig rc;
   rc.theta = 1e6;
@@ -257,12 +258,7 @@ TEST(CudaQkNormRope, PromptRowsEqualRowsAlone) {
     rc.theta = 1e6;
     RopeTable table(rc, int(D));
     table.ensure(cache_rows);
-    auto to_bf16 = [&](const float* h, int64_t rows, int64_t c) {
-      Tensor f = gpu.upload(h, rows, c);
-      Tensor b = gpu.alloc(rows, c, DType::BF16);
-      gpu.copy(f, b);
-      return b;
-    };
+    auto to_bf16 = [&](const float* h, int64_t rows, int64_t c) { return upload_as(gpu, h, rows, c, DType::BF16); };
     // Rows t0 … t0 + rows − 1 in one call; q comes back from xt, rotated in place.
     auto run = [&](int64_t t0, int64_t rows, Tensor& k_cache, Tensor& v_cache) {
       Tensor xt = to_bf16(x.data() + t0 * cols, rows, cols);
@@ -306,11 +302,7 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
   auto tensor = [&](int64_t rows, int64_t cols, float scale, DType dt) {
     std::vector<float> h(size_t(rows * cols));
     for (auto& x : h) x = scale * nd(rng);
-    Tensor f = b.upload(h.data(), rows, cols);
-    if (dt == DType::F32) return f;
-    Tensor t = b.alloc(rows, cols, dt);
-    b.copy(f, t);
-    return t;
+    return upload_as(b, h.data(), rows, cols, dt);
   };
   auto same_rows = [&](const std::string& what, const std::vector<float>& block, int64_t M, int64_t N,
                        const std::function<std::vector<float>(int64_t)>& alone) {
