@@ -114,7 +114,8 @@ struct AttentionInputs {
 
 // Attention of T query rows at positions q_pos0 … over kv_len cached keys: each row computed in
 // the block must equal, bit for bit, the same row computed alone (T = 1, kv_len = its visible
-// count: a plain decode step), and the block must be near the CPU backend's f32 attention.
+// count: a plain decode step, whose split kernel merges its chunks itself where the block's
+// takes a second launch), and the block must be near the CPU backend's f32 attention.
 void check_attention_rows_alone(Backend& gpu, int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t kv_len,
                                 int64_t q_pos0, AttentionMask mask) {
   const AttentionInputs in(gpu, T, hq, hkv, D, kv_len, q_pos0, mask);
@@ -150,6 +151,8 @@ TEST(CudaAttention, SplitKvRowsInBlockEqualRowsAlone) {
   // head_dim 256 (smaller tiles) and an odd one (the scalar load path), one KV head.
   check_attention_rows_alone(*backend, 16, 16, 1, 256, 200, 184, AttentionMask::Causal);
   check_attention_rows_alone(*backend, 5, 6, 6, 12, 130, 125, AttentionMask::Causal);
+  // 40 chunks: the merge's second group of 32 (max, sum) pairs.
+  check_attention_rows_alone(*backend, 4, 32, 8, 128, 2500, 2496, AttentionMask::Causal);
 }
 
 // Prefill (more than kAttentionSplitMaxRows rows): the flash kernel on the tensor cores for head
