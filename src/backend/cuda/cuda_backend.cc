@@ -104,10 +104,6 @@ class CudaBackend final : public Backend {
     // A fixed workspace: cuBLAS would otherwise allocate its own on first use of some kernels.
     workspace_ = pool_->allocate(kWorkspaceBytes, "init");
     check_blas(cublasSetWorkspace(blas_, workspace_.get(), kWorkspaceBytes), "init", "cublasSetWorkspace");
-    // Zero once: each attention launch that counts in them leaves them at zero (kernels.h).
-    merge_counters_ = pool_->allocate(cuda::kAttentionMergeCounters * sizeof(unsigned), "init");
-    check(cudaMemset(merge_counters_.get(), 0, cuda::kAttentionMergeCounters * sizeof(unsigned)), "init",
-          "cudaMemset");
     check(cudaHostAlloc(&staging_, kStagingSlots * kStagingSlotBytes, cudaHostAllocDefault), "init",
           "allocating pinned staging memory");
     staging_events_.resize(kStagingSlots);
@@ -139,7 +135,6 @@ class CudaBackend final : public Backend {
     if (readback_) cudaFreeHost(readback_);
     rope_.clear();
     workspace_.reset();
-    merge_counters_.reset();
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -495,8 +490,7 @@ class CudaBackend final : public Backend {
       scratch = pool_->allocate(rounded, "attention");
     }
     cuda::attention(q.data, q.ld, k.data, k.ld, v.data, v.ld, out.data, out.ld, q.rows, hq, hkv, head_dim, kv_len,
-                    q_pos0, mask == AttentionMask::Causal, scratch.get(), static_cast<unsigned*>(merge_counters_.get()),
-                    stream_);
+                    q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_);
   }
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
@@ -1032,7 +1026,6 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<void> workspace_;
-  std::shared_ptr<void> merge_counters_;  // attention's, see cuda::attention
   void* staging_ = nullptr;  // pinned host memory, kStagingSlots × kStagingSlotBytes
   void* readback_ = nullptr;  // pinned host memory for results (read_back), grown on demand
   size_t readback_bytes_ = 0;
