@@ -8,6 +8,7 @@
 #include "engine/generation.h"
 #include "engine/logit_rows.h"
 #include "engine/output_sink.h"
+#include "engine/recording_rule.h"
 #include "util/error.h"
 
 namespace dflash {
@@ -58,9 +59,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   out.commit(anchor);
 
   std::vector<const TokenLaw*> q;  // the drafter's laws, when sampling (draft_rows holds them)
-  // ids_on_device: how many of the last recorded verifications were launched after the device
-  // had finished the draft.
-  int late_in_a_row = 0;
+  RecordingRule recording;  // ids_on_device: whether a verification is queued as one recording
   while (!out.done()) {
     const int64_t s = target_state.length();  // committed positions; the anchor goes at s
     if (s >= capacity) {
@@ -104,20 +103,12 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
         v = target_.forward(target_state, block_ids, true, feature_layers);
         b.argmax_rows_into(v.logits, choice_ids);
       };
-      // A recorded verification starts only once recorded: it pays while the device is still
-      // on the draft when the recording is launched, and makes the device wait where it is
-      // not (behind a small drafter's short pass, whose device time the host's launches set).
-      // So the rule asks the device whether the draft was still running at each launch, and
-      // stops recording after two launches in a row found it done; when not recording, every
-      // 32nd step tries again. The first two recordings of a shape instantiate executables
-      // (slow), so they are made and not judged. (A rule from times, the draft's against the
-      // fastest recording's, misjudged both ends: the draft's device time includes waiting for
-      // its launches. Stopping at one late launch let a single slow early step stop recording
-      // for 30 steps in 2 of 8 bench runs at Qwen3-8B shapes, H200, 2026-12-01.)
-      const int64_t recorded = st.recorded_verifications;
-      if (b.records_steps() && (recorded < 2 || late_in_a_row < 2 || st.steps % 32 == 0)) {
+      // A recording runs faster but starts only once recorded (engine/recording_rule.h).
+      std::unique_ptr<QueueMark> verified;
+      if (b.records_steps() && recording.record(st.steps)) {
         b.queue_recorded("verify " + std::to_string(B), verify);
-        if (recorded >= 2) late_in_a_row = b.passed(*drafted) ? late_in_a_row + 1 : 0;
+        recording.launched(B, !b.passed(*drafted));
+        verified = b.mark();
         ++st.recorded_verifications;
       } else {
         verify();
@@ -126,6 +117,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       std::copy(read.begin(), read.begin() + B, block.begin());
       choices.assign(read.begin() + B, read.end());
       draft_seconds = b.seconds_between(*draft_start, *drafted);
+      if (verified) recording.measured(b.seconds_between(*drafted, *verified));
     } else {
       // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
       Tensor dl = drafter_->draft(drafter_state, anchor, draft_block_, B);
