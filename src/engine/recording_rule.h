@@ -14,7 +14,9 @@
 // (Before: stopping after two launches in a row that merely found the draft done. That judged a
 // wait of microseconds like one of a whole recording, and on some hosts it recorded 5 of 63
 // verifications where recording all gave a 2 % shorter step; H200, Qwen3-8B shapes,
-// docs/benchmarks.md, twenty-third pass.)
+// docs/benchmarks.md, twenty-third pass. A rule before that one, the draft's device time
+// against the fastest recording's, misjudged both ends: the draft's time includes waiting for
+// its own launches. The span here starts where the draft ends.)
 #include <cstdint>
 #include <map>
 
