@@ -3,14 +3,15 @@
 // read results (download, argmax_rows). Matrix products of more than kSkinnyMaxRows rows go
 // to cuBLAS; decode and verification products go to the batch-invariant skinny kernel.
 // DFLASH_CUDA_PROFILE=1 times every op with event pairs (profiler.h); otherwise each op pays
-// one null test for it.
+// one null test for it. Three parts have files of their own: the ring of pinned slots small
+// uploads go through (staging_ring.h), steps recorded as CUDA graphs (graph_recorder.h) and the
+// reads of token ids that the host waits on later (id_reads.h).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -18,14 +19,16 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_pool.h"
+#include "backend/cuda/graph_recorder.h"
+#include "backend/cuda/id_reads.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/profiler.h"
+#include "backend/cuda/staging_ring.h"
 #include "backend/cuda/timeline.h"
 
 namespace dflash {
@@ -104,17 +107,9 @@ class CudaBackend final : public Backend {
     // A fixed workspace: cuBLAS would otherwise allocate its own on first use of some kernels.
     workspace_ = pool_->allocate(kWorkspaceBytes, "init");
     check_blas(cublasSetWorkspace(blas_, workspace_.get(), kWorkspaceBytes), "init", "cublasSetWorkspace");
-    check(cudaHostAlloc(&staging_, kStagingSlots * kStagingSlotBytes, cudaHostAllocDefault), "init",
-          "allocating pinned staging memory");
-    staging_events_.resize(kStagingSlots);
-    for (auto& e : staging_events_) {
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
-      check(cudaEventRecord(e, stream_), "init", "cudaEventRecord");  // "free" from the start
-    }
-    check(cudaHostAlloc(&read_slots_, kReadSlots * kReadSlotIds * sizeof(int32_t), cudaHostAllocDefault), "init",
-          "allocating pinned read slots");
-    for (auto& e : read_events_)
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
+    staging_ = std::make_unique<StagingRing>(stream_);
+    graphs_ = std::make_unique<GraphRecorder>(stream_, *staging_);
+    id_reads_ = std::make_unique<IdReads>(stream_);
     check(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking), "init", "cudaStreamCreate");
     prof_ = OpProfiler::from_env(stream_);
     timeline_ = Timeline::from_env();
@@ -124,13 +119,9 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     prof_.reset();  // prints the profile, if one was asked for
     timeline_.reset();  // writes the timeline, if one was asked for
-    for (auto& [key, r] : recorded_)
-      for (auto e : r.exec)
-        if (e) cudaGraphExecDestroy(e);
-    for (auto e : staging_events_) cudaEventDestroy(e);
-    for (auto e : read_events_) cudaEventDestroy(e);
-    cudaFreeHost(staging_);
-    cudaFreeHost(read_slots_);
+    graphs_.reset();
+    staging_.reset();
+    id_reads_.reset();
     cudaStreamDestroy(upload_stream_);
     if (readback_) cudaFreeHost(readback_);
     rope_.clear();
@@ -695,11 +686,14 @@ class CudaBackend final : public Backend {
                 out.data, out.ld, elem_of(out, "embed_rows"), stream_);
   }
 
-  std::unique_ptr<PendingIds> read_ids(const Tensor& ids) override;
+  std::unique_ptr<PendingIds> read_ids(const Tensor& ids) override {
+    expect_ids(ids, ids.rows, "read_ids");
+    return id_reads_->read(static_cast<const int32_t*>(ids.data), size_t(ids.rows));
+  }
 
   void write_ids(const std::vector<int32_t>& v, Tensor& ids) override {
     expect_ids(ids, static_cast<int64_t>(v.size()), "write_ids");
-    if (!v.empty()) stage_ints(v, ids.data, "write_ids");
+    if (!v.empty()) staging_->copy(v, ids.data, "write_ids");
   }
 
   // A timing event, recorded on the stream.
@@ -742,47 +736,10 @@ class CudaBackend final : public Backend {
   // launch one by one.
   bool records_steps() const override { return !prof_ && graphs_enabled(); }
 
-  // A graph per key, captured from each call and launched; the executable graph is updated
-  // from the new capture (cheaper than instantiating: dflash bench --graph-probe) and
-  // instantiated again when the update is refused (graph_counts says how often). Two
-  // executables a key, used in turn, so the one updated is not the one the previous call
-  // launched.
+  // Recorded as a CUDA graph (graph_recorder.h).
   void queue_recorded(const std::string& key, const std::function<void()>& step) override {
-    if (!records_steps()) {
-      step();
-      return;
-    }
-    const size_t first_slot = next_slot_;
-    const std::string op = "queue_recorded '" + key + "'";
-    std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> graph(capture(step, op.c_str()), cudaGraphDestroy);
-    RecordedStep& r = recorded_[key];
-    cudaGraphExec_t& exec = r.exec[r.next];
-    r.next ^= 1;
-    if (exec) {
-      cudaGraphExecUpdateResultInfo info{};
-      if (cudaGraphExecUpdate(exec, graph.get(), &info) == cudaSuccess) {
-        ++graph_counts_.updated;
-      } else {
-        cudaGetLastError();  // a refused update is not a sticky error: instantiate afresh
-        if (graph_counts_.first_refusal.empty()) graph_counts_.first_refusal = key + ": " + describe_refusal(info);
-        cudaGraphExecDestroy(exec);
-        exec = nullptr;
-      }
-    }
-    // A staging slot the capture filled is read when the graph runs: its event is recorded
-    // again after the launch, or now if instantiating or launching fails.
-    try {
-      if (!exec) {
-        check(cudaGraphInstantiate(&exec, graph.get(), 0), op.c_str(), "cudaGraphInstantiate");
-        ++graph_counts_.instantiated;
-      }
-      check(cudaGraphLaunch(exec, stream_), op.c_str(), "cudaGraphLaunch");
-    } catch (...) {
-      restart_staging_events(first_slot);
-      throw;
-    }
-    ++graph_counts_.launched;
-    restart_staging_events(first_slot);
+    if (records_steps()) graphs_->queue(key, step);
+    else step();
   }
 
  private:
@@ -851,147 +808,22 @@ class CudaBackend final : public Backend {
 
   // cuda::graph_probe and graph_counts (cuda_backend.h).
  public:
-  GraphCounts graph_counts() const { return graph_counts_; }
+  GraphCounts graph_counts() const { return graphs_->counts(); }
   GraphProbe probe_graph(const std::function<void()>& step, int reps) {
     if (prof_)
       throw Error("graph_probe: DFLASH_CUDA_PROFILE=1 times every op with events, which a graph capture cannot "
                   "hold; probe without it");
-    GraphProbe r;
-    const Event begin("graph_probe"), end("graph_probe");
-    // Owners: the checks below throw part-way.
-    using GraphOwner = std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, cudaError_t (*)(cudaGraph_t)>;
-    using ExecOwner = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, cudaError_t (*)(cudaGraphExec_t)>;
-    GraphOwner graph(nullptr, cudaGraphDestroy);
-    ExecOwner exec(nullptr, cudaGraphExecDestroy);
-    auto time_ms = [&](const std::function<void()>& one) {
-      one();  // warm-up
-      check(cudaEventRecord(begin, stream_), "graph_probe", "cudaEventRecord");
-      for (int i = 0; i < reps; ++i) one();
-      check(cudaEventRecord(end, stream_), "graph_probe", "cudaEventRecord");
-      check(cudaEventSynchronize(end), "graph_probe", "cudaEventSynchronize");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, begin, end), "graph_probe", "cudaEventElapsedTime");
-      return double(ms) / reps;
-    };
-    r.launched_ms = time_ms(step);
-    auto host_ms = [&](const std::function<void()>& what) {
-      check(cudaStreamSynchronize(stream_), "graph_probe", "cudaStreamSynchronize");
-      const auto t0 = std::chrono::steady_clock::now();
-      what();
-      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    };
-    r.host_enqueue_ms = host_ms(step);
-    size_t first_slot = next_slot_;
-    r.host_capture_ms = host_ms([&] { graph.reset(capture(step, "graph_probe")); });
-    restart_staging_events(first_slot);
-    check(cudaGraphGetNodes(graph.get(), nullptr, &r.nodes), "graph_probe", "cudaGraphGetNodes");
-    check(cudaGraphGetEdges(graph.get(), nullptr, nullptr, nullptr, &r.edges), "graph_probe", "cudaGraphGetEdges");
-    std::vector<cudaGraphNode_t> from(r.edges), to(r.edges);
-    std::vector<cudaGraphEdgeData> data(r.edges);
-    size_t n = r.edges;
-    check(cudaGraphGetEdges(graph.get(), from.data(), to.data(), data.data(), &n), "graph_probe",
-          "cudaGraphGetEdges");
-    for (size_t i = 0; i < n; ++i) r.programmatic_edges += data[i].type == cudaGraphDependencyTypeProgrammatic;
-    r.host_instantiate_ms = host_ms([&] {
-      cudaGraphExec_t e = nullptr;
-      check(cudaGraphInstantiate(&e, graph.get(), 0), "graph_probe", "cudaGraphInstantiate");
-      exec.reset(e);
-    });
-    {
-      first_slot = next_slot_;
-      const GraphOwner again(capture(step, "graph_probe"), cudaGraphDestroy);
-      restart_staging_events(first_slot);
-      cudaGraphExecUpdateResultInfo info{};
-      cudaError_t e = cudaSuccess;
-      r.host_update_ms = host_ms([&] { e = cudaGraphExecUpdate(exec.get(), again.get(), &info); });
-      check(e, "graph_probe", "cudaGraphExecUpdate");
-    }
-    r.replayed_ms = time_ms([&] { check(cudaGraphLaunch(exec.get(), stream_), "graph_probe", "cudaGraphLaunch"); });
-    return r;
-  }
-
-  // cudaGraphExecUpdate's reason, and the kernel it names when the node is a kernel.
-  static std::string describe_refusal(const cudaGraphExecUpdateResultInfo& info) {
-    std::string why;
-    switch (info.result) {
-      case cudaGraphExecUpdateErrorTopologyChanged: why = "topology changed"; break;
-      case cudaGraphExecUpdateErrorNodeTypeChanged: why = "node type changed"; break;
-      case cudaGraphExecUpdateErrorFunctionChanged: why = "kernel function changed"; break;
-      case cudaGraphExecUpdateErrorParametersChanged: why = "parameters changed"; break;
-      case cudaGraphExecUpdateErrorNotSupported: why = "not supported"; break;
-      case cudaGraphExecUpdateErrorUnsupportedFunctionChange: why = "unsupported function change"; break;
-      case cudaGraphExecUpdateErrorAttributesChanged: why = "attributes changed"; break;
-      default: why = "result " + std::to_string(int(info.result));
-    }
-    for (cudaGraphNode_t node : {info.errorNode, info.errorFromNode}) {
-      if (!node) continue;
-      cudaGraphNodeType type{};
-      if (cudaGraphNodeGetType(node, &type) != cudaSuccess) continue;
-      why += ", node type " + std::to_string(int(type));
-      cudaKernelNodeParams p{};
-      const char* name = nullptr;
-      if (type == cudaGraphNodeTypeKernel && cudaGraphKernelNodeGetParams(node, &p) == cudaSuccess &&
-          cudaFuncGetName(&name, p.func) == cudaSuccess && name)
-        why += std::string(" (") + name + ")";
-    }
-    cudaGetLastError();
-    return why;
-  }
-
-  // What step() queues, as a graph (stream capture; relaxed, because the staging ring waits on
-  // its events and the pool may call cudaMalloc). Events recorded meanwhile belong to the
-  // capture: the caller gives the staging slots taken since it began their events back
-  // (restart_staging_events) once the graph is launched, as this does when step() throws.
-  cudaGraph_t capture(const std::function<void()>& step, const char* op) {
-    const size_t first_slot = next_slot_;
-    cudaGraph_t graph = nullptr;
-    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), op, "cudaStreamBeginCapture");
-    try {
-      step();
-    } catch (...) {
-      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
-      restart_staging_events(first_slot);
-      throw;
-    }
-    check(cudaStreamEndCapture(stream_, &graph), op, "cudaStreamEndCapture");
-    return graph;
-  }
-
-  // Events recorded while capturing belong to the capture: the staging slots taken since
-  // `first_slot` get theirs again on the stream (all of them if the ring went round).
-  void restart_staging_events(size_t first_slot) {
-    const size_t n = std::min(next_slot_ - first_slot, kStagingSlots);
-    for (size_t i = 0; i < n; ++i)
-      check(cudaEventRecord(staging_events_[(first_slot + i) % kStagingSlots], stream_), "capture",
-            "recording a staging event");
+    return graphs_->probe(step, reps);
   }
 
  private:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-  static constexpr size_t kStagingSlots = 64, kStagingSlotBytes = 16 << 10;
 
-  // Small host arrays (ids, positions) for one op. A copy from pageable memory may make the
-  // driver wait for the stream, so they go through a ring of pinned slots; a slot is reused
-  // only after the copy that last read it has run (its event), which with kStagingSlots slots
-  // is long done. Larger arrays (a long prompt's ids) take the pageable path.
+  // Small host arrays (ids, positions) for one op, through the staging ring.
   std::shared_ptr<void> upload_ints(const std::vector<int32_t>& v, const char* op) {
     auto dev = pool_->allocate(v.size() * sizeof(int32_t), op);
-    stage_ints(v, dev.get(), op);
+    staging_->copy(v, dev.get(), op);
     return dev;
-  }
-  void stage_ints(const std::vector<int32_t>& v, void* dev, const char* op) {
-    const size_t bytes = v.size() * sizeof(int32_t);
-    if (bytes > kStagingSlotBytes) {
-      check(cudaMemcpyAsync(dev, v.data(), bytes, cudaMemcpyHostToDevice, stream_), op,
-            "host to device copy of indices");
-      return;
-    }
-    const size_t slot = next_slot_++ % kStagingSlots;
-    check(cudaEventSynchronize(staging_events_[slot]), op, "waiting for a staging slot");
-    char* host = static_cast<char*>(staging_) + slot * kStagingSlotBytes;
-    std::memcpy(host, v.data(), bytes);
-    check(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_), op, "host to device copy of indices");
-    check(cudaEventRecord(staging_events_[slot], stream_), op, "recording a staging event");
   }
 
   // The table's cos/sin on the device, uploaded again only when the table has grown (it
@@ -1026,63 +858,16 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<void> workspace_;
-  void* staging_ = nullptr;  // pinned host memory, kStagingSlots × kStagingSlotBytes
   void* readback_ = nullptr;  // pinned host memory for results (read_back), grown on demand
   size_t readback_bytes_ = 0;
-  std::vector<cudaEvent_t> staging_events_;
-  size_t next_slot_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
   std::unique_ptr<Timeline> timeline_;  // null unless DFLASH_CUDA_TIMELINE_OUT is set
-  struct RecordedStep {
-    cudaGraphExec_t exec[2] = {nullptr, nullptr};
-    int next = 0;
-  };
-  std::map<std::string, RecordedStep> recorded_;  // queue_recorded's graphs, by key
-  GraphCounts graph_counts_;
-  // read_ids: pinned slots of kReadSlotIds ids, each with the event of its copy; in_use while
-  // a PendingIds holds it.
-  static constexpr size_t kReadSlots = 8, kReadSlotIds = 256;
-  int32_t* read_slots_ = nullptr;
-  cudaEvent_t read_events_[kReadSlots] = {};
-  bool read_in_use_[kReadSlots] = {};
+  std::unique_ptr<StagingRing> staging_;
+  std::unique_ptr<GraphRecorder> graphs_;  // queue_recorded's
+  std::unique_ptr<IdReads> id_reads_;
   cudaStream_t upload_stream_ = nullptr;  // RoPE tables: off the compute stream, which may be capturing
-  friend class CudaPendingIds;
 };
-
-// Ids copied into a pinned slot; get() waits for the copy's event.
-class CudaPendingIds final : public PendingIds {
- public:
-  CudaPendingIds(CudaBackend& b, size_t slot, size_t n) : b_(b), slot_(slot), n_(n) {}
-  ~CudaPendingIds() override { b_.read_in_use_[slot_] = false; }
-  std::vector<int32_t> get() override {
-    check(cudaEventSynchronize(b_.read_events_[slot_]), "read_ids", "waiting for the ids");
-    const int32_t* p = b_.read_slots_ + slot_ * CudaBackend::kReadSlotIds;
-    return std::vector<int32_t>(p, p + n_);
-  }
-
- private:
-  CudaBackend& b_;
-  size_t slot_, n_;
-};
-
-std::unique_ptr<PendingIds> CudaBackend::read_ids(const Tensor& ids) {
-  expect_ids(ids, ids.rows, "read_ids");
-  const size_t n = size_t(ids.rows);
-  size_t slot = 0;
-  while (slot < kReadSlots && read_in_use_[slot]) ++slot;
-  if (slot == kReadSlots || n > kReadSlotIds)
-    throw Error("cuda read_ids: " + std::to_string(n) + " ids with " +
-                std::to_string(std::count(read_in_use_, read_in_use_ + kReadSlots, true)) + " of " +
-                std::to_string(kReadSlots) + " read slots held (at most " + std::to_string(kReadSlotIds) +
-                " ids a slot)");
-  int32_t* host = read_slots_ + slot * kReadSlotIds;
-  if (n) check(cudaMemcpyAsync(host, ids.data, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "read_ids",
-               "device to host copy");
-  check(cudaEventRecord(read_events_[slot], stream_), "read_ids", "cudaEventRecord");
-  read_in_use_[slot] = true;
-  return std::make_unique<CudaPendingIds>(*this, slot, n);
-}
 
 int visible_devices() {
   int n = 0;
