@@ -1,6 +1,6 @@
 #pragma once
 // Whether the speculative loop queues a verification as one recording (a CUDA graph) or op by
-// op. A recording runs faster on the device (1.7-1.9 % of a verification at Qwen3-8B shapes on
+// op. A recording runs faster on the device (1.7-2.0 % of a verification at Qwen3-8B shapes on
 // an H200, `dflash bench --graph-probe`), but it starts only once the host has recorded it:
 // when the device finishes the draft before that, it waits. The wait is what the rule judges.
 //

@@ -1,7 +1,7 @@
 #pragma once
 // Backend::read_ids on the CUDA stream: pinned slots of kSlotIds ids, each with the event of its
-// copy, held while the PendingIds that reads it lives. A few suffice: the speculative loop holds
-// one or two reads at a time.
+// copy, held while the PendingIds that reads it lives. A few suffice: plain decoding holds two
+// reads at a time (the step it waits for and the one queued ahead), the speculative loop one.
 #include <cuda_runtime.h>
 
 #include <cstddef>
