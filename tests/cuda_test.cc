@@ -686,3 +686,104 @@ TEST(CudaSampling, RowsLeftOnTheDeviceDrawWhatTheHostDraws) {
 }
 
 }  // namespace
+
+namespace {
+
+// Rows for the top-p laws: flat (most of the vocabulary in the nucleus), runs of equal logits
+// (cuts inside a run), peaked; a NaN and a −inf in each.
+std::vector<float> top_p_rows_for_laws(int rows, int vocab, std::mt19937& gen) {
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> host(size_t(rows) * vocab);
+  for (int r = 0; r < rows; ++r) {
+    float* row = host.data() + size_t(r) * vocab;
+    for (int i = 0; i < vocab; ++i) {
+      const float v = u(gen);
+      row[i] = r % 3 == 0 ? 0.5f * v : r % 3 == 1 ? std::floor(6.f * v) * 0.5f : 30.f * std::pow(v, 12.f);
+    }
+    row[vocab / 3] = NAN;
+    row[vocab / 2] = -INFINITY;
+  }
+  return host;
+}
+
+// A nucleus too large to move stays on the device as its top-p law (Backend::top_p_laws): the
+// device's histograms must find the very cut the host's sorted walk finds (both on the same
+// integers), the same max, and the kept mass to f64 rounding (summed in another order).
+TEST(CudaSampling, TopPLawsAreTheHostsCuts) {
+  REQUIRE_GPU(backend);
+  auto cpu = make_cpu_backend();
+  const int rows = 16, vocab = 151936;
+  std::mt19937 gen(21);
+  const std::vector<float> host = top_p_rows_for_laws(rows, vocab, gen);
+  Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
+  int tied_cuts = 0;
+  for (const auto& [top_p, temperature] : std::vector<std::pair<float, float>>{{0.9f, 1.0f}, {0.5f, 0.7f}, {0.99f, 1.3f}}) {
+    const float inv_t = 1.f / temperature;
+    const std::vector<RowLaw> g = backend->top_p_laws(on_gpu, inv_t, top_p), c = cpu->top_p_laws(on_cpu, inv_t, top_p);
+    ASSERT_EQ(g.size(), c.size());
+    for (int r = 0; r < rows; ++r) {
+      SCOPED_TRACE("row " + std::to_string(r) + " top_p " + std::to_string(top_p));
+      EXPECT_EQ(g[size_t(r)].max, c[size_t(r)].max);
+      EXPECT_EQ(g[size_t(r)].cut, c[size_t(r)].cut);
+      EXPECT_EQ(g[size_t(r)].cut_id, c[size_t(r)].cut_id);
+      EXPECT_NEAR(g[size_t(r)].mass, c[size_t(r)].mass, 1e-12 * c[size_t(r)].mass);
+      tied_cuts += c[size_t(r)].cut_id > 0;
+    }
+  }
+  EXPECT_GT(tied_cuts, 0) << "no cut fell inside a run of equal logits";
+}
+
+// Flat rows' top-p laws on the device draw what the CPU backend's draw in the same form from the
+// same uniforms, give the same p(d) (one row at a time, and a block's in one look-up), and draw
+// the same replacement from the excess of one row over another.
+TEST(CudaSampling, TopPRowsLeftOnTheDeviceDrawWhatTheHostDraws) {
+  REQUIRE_GPU(backend);
+  auto cpu = make_cpu_backend();
+  const int rows = 4, vocab = 151936;
+  std::mt19937 gen(23);
+  std::uniform_real_distribution<float> u(0.f, 0.5f);
+  std::vector<float> host(size_t(rows) * vocab);
+  for (auto& v : host) v = u(gen);
+  Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
+  SamplingParams sp;
+  sp.temperature = 0.8;
+  sp.top_p = 0.9;
+  LogitRows g(*backend, sp, vocab);  // flat rows: over the candidate cap, so left on the device
+  setenv("DFLASH_LOGIT_ROWS", "device", 1);  // the CPU backend would read its rows whole
+  LogitRows c(*cpu, sp, vocab);
+  unsetenv("DFLASH_LOGIT_ROWS");
+  g.read(on_gpu);
+  c.read(on_cpu);
+  Rng rg(29), rc(29);
+  for (int r = 0; r < rows; ++r) {
+    const TokenLaw &lg = g.law(r, TokenHistory{}), &lc = c.law(r, TokenHistory{});
+    ASSERT_EQ(dynamic_cast<const SupportLaw*>(&lg), nullptr) << "row " << r << " came as candidates";
+    for (int i = 0; i < 30; ++i) {
+      const int32_t a = lg.draw(rg), b = lc.draw(rc);
+      ASSERT_EQ(a, b) << "row " << r << " draw " << i;
+      EXPECT_NEAR(lg.prob(a), lc.prob(a), 1e-12 * lc.prob(a));
+    }
+    if (r + 1 < rows) {
+      const TokenLaw &qg = g.law(r + 1, TokenHistory{}), &qc = c.law(r + 1, TokenHistory{});
+      for (int i = 0; i < 10; ++i) ASSERT_EQ(lg.draw_excess_over(qg, rg), lc.draw_excess_over(qc, rc)) << "row " << r;
+    }
+  }
+  auto no_history = [](int) { return TokenHistory{}; };
+  for (int round = 0; round < 5; ++round) {
+    g.read(on_gpu);
+    c.read(on_cpu);
+    std::vector<int32_t> dg(rows), dc(rows), other(rows);
+    g.choose_rows(dg.data(), rows, no_history, rg);
+    c.choose_rows(dc.data(), rows, no_history, rc);
+    ASSERT_EQ(dg, dc) << "round " << round;
+    for (int r = 0; r < rows; ++r) other[size_t(r)] = (dg[size_t(r)] + 1000 * (r + 1)) % vocab;
+    g.look_up(other.data(), rows);
+    c.look_up(other.data(), rows);
+    for (int r = 0; r < rows; ++r) {
+      const double po = c.law(r, TokenHistory{}).prob(other[size_t(r)]);
+      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(other[size_t(r)]), po, 1e-12 * po);
+    }
+  }
+}
+
+}  // namespace

@@ -307,3 +307,158 @@ TEST(LogitRowsBlock, LawsBuiltTogetherDrawTheSingleDrawsTokens) {
 }
 
 }  // namespace
+
+namespace {
+
+// Rows whose top-p nucleus stays on the device (Backend::top_p_laws; here the CPU backend's
+// default, which the GPU's cuts must equal): flat rows, peaked rows, runs of equal logits, with
+// a −inf among them.
+std::vector<float> top_p_test_row(int kind, int vocab, Rng& fill) {
+  std::vector<float> row(static_cast<size_t>(vocab));
+  for (int i = 0; i < vocab; ++i) {
+    const double u = fill.uniform();
+    row[size_t(i)] = kind == 0 ? static_cast<float>(0.5 * u)                    // flat
+                     : kind == 1 ? static_cast<float>(std::floor(6.0 * u) * 0.5)  // ties
+                                 : static_cast<float>(30.0 * std::pow(u, 12.0));  // peaked
+  }
+  row[size_t(vocab / 2)] = -INFINITY;  // (NaN has no place in the whole row's softmax to compare with)
+  return row;
+}
+
+// The tokens a law admits, ascending, and their probabilities.
+TokenDistribution admitted(const RowLaw& law, const std::vector<float>& row, float inv_t) {
+  TokenDistribution d;
+  for (size_t i = 0; i < row.size(); ++i) {
+    const float s = row[i] * inv_t;
+    if (std::isnan(s) || s == -INFINITY || !law.admits(s, int32_t(i))) continue;
+    d.ids.push_back(int32_t(i));
+    d.probs.push_back(static_cast<float>(std::exp(double(s) - double(law.max)) / law.mass));
+  }
+  return d;
+}
+
+// The law keeps the tokens the whole row's top-p keeps (token_distribution, which the warper
+// golden holds to transformers), with their probabilities, and its mass is the sum of what it
+// keeps. The cut is found on fixed-point weights, the reference on f32 probabilities, so a row
+// could part on a token whose tail mass is within rounding of 1 − top_p; these rows do not.
+TEST(TopPLaws, KeepTheWholeRowsNucleus) {
+  auto cpu = make_cpu_backend();
+  const int vocab = 20000;
+  Rng fill(31);
+  for (int kind = 0; kind < 3; ++kind)
+    for (double top_p : {0.5, 0.9, 0.99})
+      for (double temperature : {0.7, 1.0}) {
+        SCOPED_TRACE("kind " + std::to_string(kind) + " top_p " + std::to_string(top_p) + " T " +
+                     std::to_string(temperature));
+        const std::vector<float> row = top_p_test_row(kind, vocab, fill);
+        SamplingParams sp;
+        sp.temperature = temperature;
+        sp.top_p = top_p;
+        const float inv_t = static_cast<float>(1.0 / temperature);
+        Tensor logits = cpu->upload(row.data(), 1, vocab);
+        const RowLaw law = cpu->top_p_laws(logits, inv_t, static_cast<float>(top_p))[0];
+        const TokenDistribution want = token_distribution(row.data(), vocab, sp, TokenHistory{});
+        const TokenDistribution got = admitted(law, row, inv_t);
+        ASSERT_EQ(got.ids, want.ids);
+        double sum = 0;
+        for (size_t j = 0; j < want.ids.size(); ++j) {
+          EXPECT_NEAR(got.probs[j], want.probs[j], 2e-6 * want.probs[j]) << "token " << want.ids[j];
+          sum += got.probs[j];
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-5);
+        if (kind == 1 && top_p == 0.9) {
+          EXPECT_GT(law.cut_id, 0) << "this row's cut should fall inside a run of ties";
+        }
+      }
+}
+
+TEST(TopPLaws, ARowWithNothingFiniteAdmitsNothingAndDrawsAreAClearError) {
+  setenv("DFLASH_LOGIT_ROWS", "device", 1);
+  auto cpu = make_cpu_backend();
+  std::vector<float> row(8, -INFINITY);
+  row[3] = NAN;
+  Tensor logits = cpu->upload(row.data(), 1, 8);
+  const RowLaw law = cpu->top_p_laws(logits, 1.f, 0.9f)[0];
+  EXPECT_EQ(law.mass, 0.0);
+  EXPECT_TRUE(admitted(law, row, 1.f).ids.empty());
+  SamplingParams sp;
+  sp.temperature = 1.0;
+  sp.top_p = 0.9;
+  LogitRows rows(*cpu, sp, 8);
+  unsetenv("DFLASH_LOGIT_ROWS");
+  rows.read(logits);
+  Rng rng(1);
+  try {
+    rows.choose(0, TokenHistory{}, rng);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no finite value"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TopPLaws, ATopPOutsideTheOpenIntervalIsAnError) {
+  auto cpu = make_cpu_backend();
+  const std::vector<float> row(8, 0.5f);
+  Tensor logits = cpu->upload(row.data(), 1, 8);
+  for (float bad : {0.f, 1.f, -0.5f, NAN}) {
+    try {
+      cpu->top_p_laws(logits, 1.f, bad);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("top_p_laws: top_p"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Top-p rows left where they are (forced on the CPU backend): a block drawn in one call is the
+// single draws' tokens, p(d) fetched by look_up is the law's own, and the excess of a row left
+// in place over a row that came as candidates (the two kinds a step can mix) is drawn on the
+// host from max(0, p − q), which is 0 wherever q covers p.
+TEST(TopPLaws, RowsLeftInPlaceDrawAsTheirLawsSay) {
+  auto cpu = make_cpu_backend();
+  const int rows = 5, vocab = 6000;
+  Rng fill(77);
+  std::vector<float> host;
+  for (int r = 0; r < rows; ++r) {
+    const auto row = top_p_test_row(r % 3, vocab, fill);
+    host.insert(host.end(), row.begin(), row.end());
+  }
+  Tensor logits = cpu->upload(host.data(), rows, vocab);
+  SamplingParams sp;
+  sp.temperature = 0.8;
+  sp.top_p = 0.9;
+  setenv("DFLASH_LOGIT_ROWS", "device", 1);
+  LogitRows block(*cpu, sp, vocab), single(*cpu, sp, vocab);
+  unsetenv("DFLASH_LOGIT_ROWS");
+  LogitRows candidates(*cpu, sp, vocab);  // the default form on the host: supports
+  for (int round = 0; round < 10; ++round) {
+    block.read(logits);
+    single.read(logits);
+    candidates.read(logits);
+    Rng a(300 + round), b(300 + round);
+    std::vector<int32_t> drawn(rows), other(rows);
+    block.choose_rows(drawn.data(), rows, [](int) { return TokenHistory{}; }, a);
+    for (int r = 0; r < rows; ++r) {
+      ASSERT_EQ(drawn[size_t(r)], single.law(r, TokenHistory{}).draw(b)) << "round " << round << ", row " << r;
+      const double want = candidates.law(r, TokenHistory{}).prob(drawn[size_t(r)]);
+      EXPECT_GT(want, 0.0) << "drawn outside the nucleus";
+      EXPECT_NEAR(block.law(r, TokenHistory{}).prob(drawn[size_t(r)]), want, 2e-6 * want);
+      other[size_t(r)] = (drawn[size_t(r)] + 13 * r + 1) % vocab;
+    }
+    EXPECT_EQ(a.uniform(), b.uniform()) << "the block took another number of uniforms";
+    single.look_up(other.data(), rows);
+    for (int r = 0; r < rows; ++r) {
+      const double want = candidates.law(r, TokenHistory{}).prob(other[size_t(r)]);
+      EXPECT_NEAR(single.law(r, TokenHistory{}).prob(other[size_t(r)]), want, 2e-6 * want + 1e-12);
+    }
+    for (int r = 0; r + 1 < rows; ++r) {
+      const TokenLaw &p = block.law(r, TokenHistory{}), &q = candidates.law(r + 1, TokenHistory{});
+      const int32_t t = p.draw_excess_over(q, a);
+      ASSERT_GE(t, 0);
+      EXPECT_GT(p.prob(t), q.prob(t)) << "row " << r;
+      EXPECT_EQ(q.draw_excess_over(p, b) >= 0, true) << "row " << r;
+    }
+  }
+}
+
+}  // namespace

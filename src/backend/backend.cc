@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 
+#include "backend/top_p_fixed.h"
 #include "util/error.h"
 
 namespace dflash {
@@ -197,6 +198,46 @@ RowLaw law_of(const std::vector<float>& row, float inv_t) {
   for (float v : row) mass += weight(v, inv_t, mx);
   return {mx, mass};
 }
+
+// weight(), 0 where the law does not admit the token.
+inline double admitted_weight(const RowLaw& law, float logit, float inv_t, int64_t id) {
+  return law.admits(logit * inv_t, static_cast<int32_t>(id)) ? weight(logit, inv_t, law.max) : 0.0;
+}
+
+// top_p_laws' rule for one row, stated plainly (sorting): the device finds the same cut by
+// histograms (row_law.cu), from the same integers.
+RowLaw top_p_law_of(const std::vector<float>& row, float inv_t, float top_p) {
+  RowLaw law = law_of(row, inv_t);
+  law.mass = 0;
+  if (law.max == -INFINITY) {  // nothing finite: nothing admitted
+    law.cut = INFINITY;
+    return law;
+  }
+  struct Token {
+    float scaled;
+    int32_t id;
+    uint64_t fixed;
+  };
+  std::vector<Token> tokens;
+  uint64_t total = 0;
+  for (size_t i = 0; i < row.size(); ++i) {
+    const uint64_t f = top_p_fixed_weight(weight(row[i], inv_t, law.max));
+    if (f == 0) continue;  // below every token that moves the sums, and dropped with them
+    tokens.push_back({row[i] * inv_t, static_cast<int32_t>(i), f});
+    total += f;
+  }
+  std::sort(tokens.begin(), tokens.end(),
+            [](const Token& a, const Token& b) { return a.scaled != b.scaled ? a.scaled < b.scaled : a.id < b.id; });
+  const uint64_t drop = top_p_drop_fixed(top_p, total);
+  uint64_t below = 0;
+  size_t j = 0;
+  while (j + 1 < tokens.size() && below + tokens[j].fixed <= drop) below += tokens[j++].fixed;
+  law.cut = tokens[j].scaled;
+  const bool lowest_tie = j == 0 || tokens[j - 1].scaled != tokens[j].scaled;
+  law.cut_id = lowest_tie ? 0 : tokens[j].id;
+  for (size_t i = 0; i < row.size(); ++i) law.mass += admitted_weight(law, row[i], inv_t, int64_t(i));
+  return law;
+}
 }  // namespace
 
 void Backend::check_row_ids(const Tensor& logits, const std::vector<int32_t>& ids, const char* op) {
@@ -233,17 +274,39 @@ std::vector<float> Backend::scaled_at(const Tensor& logits, float inv_t,
   return out;
 }
 
-std::vector<RowDraw> Backend::draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u) {
+void Backend::check_draw_args(const Tensor& logits, const std::vector<double>& u, const std::vector<RowLaw>& laws) {
   if (int64_t(u.size()) > logits.rows)
     throw Error("draw_from_rows: " + std::to_string(u.size()) + " uniforms for " + logits.describe());
+  if (!laws.empty() && laws.size() != u.size())
+    throw Error("draw_from_rows: " + std::to_string(laws.size()) + " laws for " + std::to_string(u.size()) +
+                " uniforms");
+}
+
+std::vector<RowDraw> Backend::draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u,
+                                             const std::vector<RowLaw>& laws) {
+  check_draw_args(logits, u, laws);
   std::vector<RowDraw> out(u.size());
   for (size_t r = 0; r < u.size(); ++r) {
     const auto row = host_row(*this, logits, int64_t(r), "draw_from_rows");
-    const RowLaw law = law_of(row, inv_t);
-    const int32_t id = draw_by_weights(logits.cols, [&](int64_t i) { return weight(row[size_t(i)], inv_t, law.max); }, u[r]);
+    const RowLaw law = laws.empty() ? law_of(row, inv_t) : laws[r];
+    const int32_t id =
+        draw_by_weights(logits.cols, [&](int64_t i) { return admitted_weight(law, row[size_t(i)], inv_t, i); }, u[r]);
     out[r] = {id, id < 0 ? 0.f : row[size_t(id)] * inv_t, law};
   }
   return out;
+}
+
+std::vector<RowLaw> Backend::top_p_laws(const Tensor& logits, float inv_t, float top_p) {
+  check_top_p(top_p, "top_p_laws");
+  std::vector<RowLaw> out;
+  for (int64_t r = 0; r < logits.rows; ++r)
+    out.push_back(top_p_law_of(host_row(*this, logits, r, "top_p_laws"), inv_t, top_p));
+  return out;
+}
+
+void Backend::check_top_p(float top_p, const char* op) {
+  if (!(top_p > 0.f && top_p < 1.f))
+    throw Error(std::string(op) + ": top_p " + std::to_string(top_p) + " outside (0, 1)");
 }
 
 int32_t Backend::draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,
@@ -254,7 +317,8 @@ int32_t Backend::draw_from_excess(const Tensor& p_logits, int64_t rp, const RowL
   return draw_by_weights(
       p_logits.cols,
       [&](int64_t i) {
-        return std::max(0.0, weight(p[size_t(i)], inv_t, lp.max) / lp.mass - weight(q[size_t(i)], inv_t, lq.max) / lq.mass);
+        return std::max(0.0, admitted_weight(lp, p[size_t(i)], inv_t, i) / lp.mass -
+                                 admitted_weight(lq, q[size_t(i)], inv_t, i) / lq.mass);
       },
       u);
 }

@@ -2,6 +2,7 @@
 // The seam between models and devices. Models are written once against this interface; the
 // CPU implementation (backend/cpu) and the CUDA one (backend/cuda) supply the ops. Every op
 // works on 2-D views (see tensor.h); "per head" ops take the head size.
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -64,10 +65,17 @@ constexpr float kTopPBucketsPerUnit = 32.f;
 void select_top_p(const float* row, int n, float inv_t, float top_p, CandidateRow& out);
 
 // A whole row's softmax where the row is (Backend::row_laws), for rows no candidate set is
-// smaller than (temperature alone): p_i = exp(scaled_i − max) / mass, scaled = logit · inv_t.
+// smaller than (temperature alone, or a top-p nucleus too large to move: Backend::top_p_laws):
+// p_i = exp(scaled_i − max) / mass for the tokens the law admits, 0 for the others, scaled =
+// logit · inv_t. A top-p law admits the tokens ranked at or above its cut in the order
+// (scaled, id); temperature alone admits every token (the cut is −inf, and a −inf or NaN token
+// weighs 0 anyway).
 struct RowLaw {
   float max = 0.f;
   double mass = 0.0;
+  float cut = -INFINITY;
+  int32_t cut_id = 0;  // of the tokens whose scaled logit equals cut, those with id ≥ cut_id
+  bool admits(float scaled, int32_t id) const { return scaled > cut || (scaled == cut && id >= cut_id); }
 };
 struct RowLaws {
   std::vector<RowLaw> law;    // a row each
@@ -140,10 +148,12 @@ class Backend {
   // - scaled_at: the scaled logit at (row, id) pairs;
   // - draw_from_rows: one draw from each of rows 0 … u.size() − 1 under its law, row r with the
   //   uniform u[r]: the first id at which Σ_{j ≤ id} exp(scaled_j − max) exceeds u times the
-  //   whole sum (both summed by the draw, in one order), with the scaled logit there and the
-  //   row's law (a step's drafts and their q(d) in one call);
+  //   whole sum (both summed by the draw, in one order, over the tokens the law admits), with
+  //   the scaled logit there and the row's law (a step's drafts and their q(d) in one call).
+  //   The laws are laws[r] where given (top_p_laws'), otherwise each row's whole softmax, which
+  //   the draw works out first;
   // - draw_from_excess: a draw from normalise(max(0, p − q)), p row rp of p_logits and q row rq
-  //   of q_logits with their laws, likewise.
+  //   of q_logits with their laws (each admitting its own tokens), likewise.
   // A draw from nothing (every weight 0) is id −1. The defaults download the rows and work on
   // the host.
   virtual RowLaws row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids);
@@ -152,7 +162,19 @@ class Backend {
   static void check_row_ids(const Tensor& logits, const std::vector<int32_t>& ids, const char* op);
   virtual std::vector<float> scaled_at(const Tensor& logits, float inv_t,
                                        const std::vector<std::pair<int64_t, int32_t>>& at);
-  virtual std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u);
+  virtual std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u,
+                                              const std::vector<RowLaw>& laws);
+  // Each row's top-p law, for rows whose nucleus is too large for top_p_rows to move: the
+  // tokens in ascending order of (scaled, id) lose the longest prefix whose probability stays
+  // at or below 1 − top_p (the rule apply_top_p states, engine/sampling.cc), and the law is the
+  // softmax of what is left. The prefix is found on weights fixed to multiples of 2^-40 of the
+  // largest (integers, so the sums are exact in any order and every backend finds the same
+  // cut); the law's mass is then the f64 sum of the admitted weights. A row with nothing finite
+  // gets mass 0 (its draws are −1).
+  virtual std::vector<RowLaw> top_p_laws(const Tensor& logits, float inv_t, float top_p);
+  // The argument checks of draw_from_rows and top_p_laws, shared by every backend.
+  static void check_draw_args(const Tensor& logits, const std::vector<double>& u, const std::vector<RowLaw>& laws);
+  static void check_top_p(float top_p, const char* op);
   virtual int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,
                                    int64_t rq, const RowLaw& lq, float inv_t, double u);
 

@@ -558,9 +558,9 @@ class Doctor {
       std::vector<double> ui(static_cast<size_t>(rows));
       for (auto& v : ui) v = u(rng_);
       const auto t0 = std::chrono::steady_clock::now();
-      const auto a = t_.draw_from_rows(xt, inv_t, ui);
+      const auto a = t_.draw_from_rows(xt, inv_t, ui, {});
       draw_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      const auto b = r_.draw_from_rows(xr, inv_t, ui);
+      const auto b = r_.draw_from_rows(xr, inv_t, ui, {});
       for (int64_t r = 0; r < rows; ++r) {
         const RowDraw &da = a[size_t(r)], &db = b[size_t(r)];
         wrong += da.id != db.id || da.scaled != db.scaled || da.law.max != lt.law[size_t(r)].max ||
@@ -576,6 +576,52 @@ class Doctor {
                   "laws, logits at ids, %d draws a row and from each excess (µs: one call drawing every row)", draws);
     row("row_law", shape("logits", rows, cols) + " T " + std::to_string(temperature).substr(0, 4), err, err, 1e-6,
         wrong == 0 && err <= 1e-6, draw_us / double(draws), note);
+  }
+
+  // Top-p over a nucleus too large to move, the rows left on the device: each row's top-p law
+  // (the cut and its id exact: both backends find it on the same integers; the max exact; the
+  // kept mass), then draws from every row under those laws and from the excess of each row over
+  // the next, the same uniforms on both backends, token for token. Rows flat (most of the
+  // vocabulary in the nucleus) or with runs of equal logits (ties at the cut). Error: the largest
+  // relative difference of a mass, 1 for any differing cut or token.
+  void top_p_law(int64_t rows, int64_t cols, float top_p, float temperature, bool ties) {
+    std::uniform_real_distribution<float> u01(0.f, 1.f);
+    std::vector<float> host(size_t(rows * cols));
+    for (auto& v : host) v = ties ? std::floor(8.f * u01(rng_)) * 0.25f : 3.f * u01(rng_);
+    Tensor xt = t_.upload(host.data(), rows, cols), xr = r_.upload(host.data(), rows, cols);
+    const float inv_t = 1.0f / temperature;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<RowLaw> lt = t_.top_p_laws(xt, inv_t, top_p);
+    const double law_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const std::vector<RowLaw> lr = r_.top_p_laws(xr, inv_t, top_p);
+    double err = 0;
+    int64_t wrong = 0, tied_cuts = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const RowLaw &a = lt[size_t(r)], &b = lr[size_t(r)];
+      wrong += a.max != b.max || a.cut != b.cut || a.cut_id != b.cut_id;
+      tied_cuts += b.cut_id > 0;
+      err = std::max(err, std::abs(a.mass - b.mass) / b.mass);
+    }
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const int draws = quick_ ? 10 : 50;
+    for (int i = 0; i < draws; ++i) {
+      std::vector<double> ui(static_cast<size_t>(rows));
+      for (auto& v : ui) v = u(rng_);
+      const auto a = t_.draw_from_rows(xt, inv_t, ui, lt), b = r_.draw_from_rows(xr, inv_t, ui, lr);
+      for (int64_t r = 0; r < rows; ++r) {
+        wrong += a[size_t(r)].id != b[size_t(r)].id || a[size_t(r)].scaled != b[size_t(r)].scaled;
+        if (r + 1 < rows)
+          wrong += t_.draw_from_excess(xt, r, lt[size_t(r)], xt, r + 1, lt[size_t(r + 1)], inv_t, ui[size_t(r)]) !=
+                   r_.draw_from_excess(xr, r, lr[size_t(r)], xr, r + 1, lr[size_t(r + 1)], inv_t, ui[size_t(r)]);
+      }
+    }
+    if (wrong) err = 1;
+    char note[120];
+    std::snprintf(note, sizeof note, "cuts (%lld within ties), %d draws a row and from each excess (µs: the laws)",
+                  (long long)tied_cuts, draws);
+    char what[48];
+    std::snprintf(what, sizeof what, " top-p %.2f T %.2f%s", top_p, temperature, ties ? " ties" : " flat");
+    row("top_p_laws", shape("logits", rows, cols) + what, err, err, 1e-6, wrong == 0 && err <= 1e-6, law_us, note);
   }
 
   // A whole target on both backends: a 40-row prefill (cuBLAS on the GPU) then 8 decode
@@ -775,6 +821,9 @@ int run_doctor(const DoctorArgs& a) {
   d.top_p(3, 4160, 0.5f, 0.6f, false);
   d.row_law(16, 151936, 1.0f);
   d.row_law(4, 4160, 0.7f);
+  d.top_p_law(16, 151936, 0.9f, 1.0f, false);
+  d.top_p_law(4, 151936, 0.95f, 0.7f, true);
+  d.top_p_law(3, 4160, 0.5f, 0.6f, true);
 
   for (const auto& m : a.models) d.model(m);
 

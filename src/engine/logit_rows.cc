@@ -20,24 +20,40 @@ constexpr int kMaxTopPCandidates = 2048;
 // Row r of logits left on the device, as a law: p(id) from the row's max and mass and the logit
 // there; draws and the excess over another such row drawn there, with the host's uniforms.
 // What one trip brought back is kept (the law, from a draw or LogitRows::look_up; the scaled
-// logits of drawn and looked-up ids), so p(d) and q(d) need no trip of their own.
+// logits of drawn and looked-up ids), so p(d) and q(d) need no trip of their own. A top-p law
+// (Backend::top_p_laws) is known from the start and goes with every draw.
 class DeviceRowLaw final : public TokenLaw {
  public:
-  DeviceRowLaw(Backend& b, Tensor logits, int64_t r, float inv_t)
-      : b_(b), logits_(std::move(logits)), r_(r), inv_t_(inv_t) {}
+  DeviceRowLaw(Backend& b, Tensor logits, int64_t r, float inv_t, std::optional<RowLaw> top_p_law)
+      : b_(b), logits_(std::move(logits)), r_(r), inv_t_(inv_t), top_p_(top_p_law.has_value()), law_(top_p_law) {}
   double prob(int32_t id) const override {
     const auto known = std::find_if(known_.begin(), known_.end(), [&](const auto& k) { return k.first == id; });
     const float s = known != known_.end() ? known->second : b_.scaled_at(logits_, inv_t_, {{r_, id}})[0];
-    return std::isnan(s) ? 0.0 : std::exp(double(s) - double(law().max)) / law().mass;
+    return std::isnan(s) || !law().admits(s, id) ? 0.0 : std::exp(double(s) - double(law().max)) / law().mass;
   }
   int32_t draw(Rng& rng) const override {
-    return take(b_.draw_from_rows(logits_.slice_rows(r_, 1), inv_t_, {rng.uniform()})[0]);
+    return take(b_.draw_from_rows(logits_.slice_rows(r_, 1), inv_t_, {rng.uniform()}, given_laws())[0]);
   }
   int32_t draw_excess_over(const TokenLaw& q_law, Rng& rng) const override {
     const auto* q = dynamic_cast<const DeviceRowLaw*>(&q_law);
-    if (!q) throw Error("acceptance: p is a row on the device, q is not");
+    if (!q) return SupportLaw(support()).draw_excess_over(q_law, rng);
     return b_.draw_from_excess(logits_, r_, law(), q->logits_, q->r_, q->law(), inv_t_, rng.uniform());
   }
+  TokenDistribution support() const override {
+    std::vector<float> row(size_t(logits_.cols));
+    b_.download(logits_.slice_rows(r_, 1), row.data());
+    TokenDistribution d;
+    for (size_t i = 0; i < row.size(); ++i) {
+      const float s = row[i] * inv_t_;
+      if (std::isnan(s) || s == -INFINITY || !law().admits(s, static_cast<int32_t>(i))) continue;
+      d.ids.push_back(static_cast<int32_t>(i));
+      d.probs.push_back(static_cast<float>(std::exp(double(s) - double(law().max)) / law().mass));
+    }
+    return d;
+  }
+  // The laws draw_from_rows is handed for this row: its top-p law, or none (the draw works out
+  // the whole softmax).
+  std::vector<RowLaw> given_laws() const { return top_p_ ? std::vector<RowLaw>{*law_} : std::vector<RowLaw>{}; }
   // A draw made for this row elsewhere (LogitRows::choose_rows): its token; its law and scaled
   // logit kept.
   int32_t take(const RowDraw& d) const {
@@ -61,6 +77,7 @@ class DeviceRowLaw final : public TokenLaw {
   Tensor logits_;
   int64_t r_;
   float inv_t_;
+  bool top_p_;
   mutable std::optional<RowLaw> law_;
   mutable std::vector<std::pair<int32_t, float>> known_;  // a few ids a step: a list is enough
 };
@@ -82,11 +99,17 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
   else if (temperature_alone && b.device() != DeviceKind::CPU) form_ = Form::DeviceRows;
   else form_ = Form::Rows;
   // DFLASH_LOGIT_ROWS=whole reads every sampled row whole (as before the candidate and device
-  // forms: measuring); =device keeps temperature-alone rows where they are on any backend
-  // (measuring, and the CPU tests of that form). The same distributions either way.
+  // forms: measuring); =device keeps temperature-alone rows, and every top-p row whatever its
+  // candidates, where they are on any backend (measuring, and the CPU tests of those forms). The
+  // same distributions either way.
+  // A top-p row whose nucleus is over the candidate cap keeps its law on the device
+  // (Backend::top_p_laws) where the row is; on the host the host's own pass reads it.
+  top_p_laws_on_device_ = form_ == Form::TopP && b.device() != DeviceKind::CPU;
   if (const char* e = std::getenv("DFLASH_LOGIT_ROWS")) {
     if (std::string(e) == "whole" && form_ != Form::Argmax) form_ = Form::Rows;
     if (std::string(e) == "device" && temperature_alone) form_ = Form::DeviceRows;
+    every_top_p_row_on_device_ = form_ == Form::TopP && std::string(e) == "device";
+    top_p_laws_on_device_ = top_p_laws_on_device_ || every_top_p_row_on_device_;
   }
 }
 
@@ -104,9 +127,20 @@ void LogitRows::read(const Tensor& logits) {
     case Form::TopK:
       candidates_ = backend_.top_k_rows(logits, sp_.top_k, inv_t_, 4 * sp_.top_k + 64);
       break;
-    case Form::TopP:
+    case Form::TopP: {
+      top_p_laws_.clear();
+      if (every_top_p_row_on_device_) {
+        candidates_.assign(size_t(logits.rows), CandidateRow{});
+        top_p_laws_ = backend_.top_p_laws(logits, inv_t_, static_cast<float>(sp_.top_p));
+        break;
+      }
       candidates_ = backend_.top_p_rows(logits, inv_t_, static_cast<float>(sp_.top_p), kMaxTopPCandidates);
+      const bool overflow =
+          std::any_of(candidates_.begin(), candidates_.end(), [](const CandidateRow& c) { return c.ids.empty(); });
+      if (overflow && top_p_laws_on_device_)
+        top_p_laws_ = backend_.top_p_laws(logits, inv_t_, static_cast<float>(sp_.top_p));
       break;
+    }
     case Form::DeviceRows:  // nothing yet: each law comes with the first trip that needs it
       break;
     case Form::Rows:
@@ -130,6 +164,10 @@ bool LogitRows::has_candidates(int r) const {
   return (form_ == Form::TopK || form_ == Form::TopP) && !candidates_[size_t(r)].ids.empty();
 }
 
+bool LogitRows::on_device(int r) const {
+  return form_ == Form::DeviceRows || (!top_p_laws_.empty() && !has_candidates(r));
+}
+
 std::unique_ptr<TokenLaw> LogitRows::support_law(int r, const TokenHistory& h) const {
   if (has_candidates(r)) {
     const CandidateRow& c = candidates_[size_t(r)];
@@ -141,8 +179,10 @@ std::unique_ptr<TokenLaw> LogitRows::support_law(int r, const TokenHistory& h) c
 const TokenLaw& LogitRows::law(int r, const TokenHistory& h) {
   std::unique_ptr<TokenLaw>& law = laws_[size_t(r)];
   if (law) return *law;
-  if (form_ == Form::DeviceRows) {
-    law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, inv_t_);
+  if (on_device(r)) {
+    std::optional<RowLaw> top_p_law;
+    if (form_ == Form::TopP) top_p_law = top_p_laws_[size_t(r)];
+    law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, inv_t_, top_p_law);
   } else {
     if (!has_candidates(r)) row(r);
     law = support_law(r, h);
@@ -155,6 +195,10 @@ void LogitRows::build_laws(int n) {
   int whole = 0;
   for (int r = 0; r < n; ++r) {
     if (laws_[size_t(r)]) continue;
+    if (on_device(r)) {  // nothing to build on the host
+      law(r, TokenHistory{});
+      continue;
+    }
     todo.push_back(r);
     if (!has_candidates(r)) {
       row(r);  // downloads stay on this thread
@@ -180,10 +224,14 @@ void LogitRows::build_laws(int n) {
 const DeviceRowLaw& LogitRows::device_law(int r) { return static_cast<const DeviceRowLaw&>(law(r, {})); }
 
 void LogitRows::choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng) {
-  if (form_ == Form::DeviceRows) {
+  bool all_on_device = n > 0;
+  for (int r = 0; r < n && all_on_device; ++r) all_on_device = on_device(r);
+  if (all_on_device) {
     std::vector<double> u(static_cast<size_t>(n));
     for (double& v : u) v = rng.uniform();  // one a row, in row order: what n single draws would take
-    const std::vector<RowDraw> drawn = backend_.draw_from_rows(logits_, inv_t_, u);
+    std::vector<RowLaw> laws;
+    if (form_ == Form::TopP) laws.assign(top_p_laws_.begin(), top_p_laws_.begin() + n);
+    const std::vector<RowDraw> drawn = backend_.draw_from_rows(logits_, inv_t_, u, laws);
     for (int r = 0; r < n; ++r) out[r] = device_law(r).take(drawn[size_t(r)]);
     return;
   }
@@ -195,6 +243,15 @@ void LogitRows::choose_rows(int32_t* out, int n, const std::function<TokenHistor
 }
 
 void LogitRows::look_up(const int32_t* ids, int n) {
+  if (form_ == Form::TopP && !top_p_laws_.empty()) {  // the laws are known: only the logits at ids
+    std::vector<std::pair<int64_t, int32_t>> at;
+    for (int r = 0; r < n; ++r)
+      if (on_device(r)) at.emplace_back(r, ids[r]);
+    if (at.empty()) return;
+    const std::vector<float> scaled = backend_.scaled_at(logits_, inv_t_, at);
+    for (size_t i = 0; i < at.size(); ++i) device_law(int(at[i].first)).know(at[i].second, scaled[i]);
+    return;
+  }
   if (form_ != Form::DeviceRows) return;
   const RowLaws got = backend_.row_laws(logits_, inv_t_, std::vector<int32_t>(ids, ids + n));
   for (int r = 0; r < logits_.rows; ++r) device_law(r).know(got.law[size_t(r)]);

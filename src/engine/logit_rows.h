@@ -6,7 +6,10 @@
 //   (Backend::top_k_rows), O(k) values a row instead of a vocabulary of them; a row whose ties
 //   overflow the buffer is read whole;
 // - sampling with top-p and neither top-k nor a penalty: top-p's candidates and the row's mass
-//   (Backend::top_p_rows), the nucleus and a few tokens more instead of the vocabulary;
+//   (Backend::top_p_rows), the nucleus and a few tokens more instead of the vocabulary; on a
+//   GPU a row whose candidates are over the cap (a flat row's nucleus is most of the vocabulary)
+//   stays where it is, as its top-p law (Backend::top_p_laws: the cut and the mass of what it
+//   keeps), and is drawn from there as in the temperature-alone form; on the CPU it is read whole;
 // - sampling with temperature alone (no top-k, top-p, min-p or penalty) on a GPU: no candidate
 //   set is smaller than the row, so the row stays where it is: draws (each with its row's max
 //   and mass, Backend::draw_from_rows), laws with p(d) (Backend::row_laws) and the acceptance
@@ -18,7 +21,9 @@
 // uniform on a boundary picks the neighbouring token. The temperature-alone form weighs tokens in
 // f64 where the whole-row path rounds each probability to f32: the same law to f32 rounding,
 // but draws from the same uniforms are not token-for-token those of the whole-row path (they are
-// those of the same form on the CPU backend: the GPU test).
+// those of the same form on the CPU backend: the GPU test). A top-p law on the device finds its
+// cut on weights fixed to 2^-40 of the largest, so it may keep or drop one token more than the
+// whole-row path where that token's tail mass is within rounding of 1 − top_p.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,13 +43,15 @@ class LogitRows {
   // The token row `r` yields under the sampling parameters (a draw from rng when sampling).
   int32_t choose(int r, const TokenHistory& h, Rng& rng);
   // Rows 0 … n − 1 one after another, as choose() would (sampled rows from law(r).draw), the
-  // tokens going to out; history(r) sees out[0 … r). In the DeviceRows form the n uniforms are
-  // taken first, in row order, and the device draws every row in one call, bringing back each
-  // row's law with it: the same tokens as n draws, without n round trips. In the other forms,
-  // sampling without penalties, the n laws are built first, in parallel, then drawn in order.
+  // tokens going to out; history(r) sees out[0 … r). When every row is left on the device
+  // (the DeviceRows form; top-p rows over the cap) the n uniforms are taken first, in row order,
+  // and the device draws every row in one call, bringing back each row's law with it: the same
+  // tokens as n draws, without n round trips. Otherwise, sampling without penalties, the laws
+  // on the host are built first, in parallel, then every row drawn in order.
   void choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng);
   // Row r's law will be asked for p(ids[r]), r < n: in the DeviceRows form every row's law and
-  // those values are fetched now in one call (the acceptance rule's p(d) for a whole block); a
+  // those values are fetched now in one call (the acceptance rule's p(d) for a whole block), for
+  // top-p rows left on the device their logits at ids (their laws are known already); a
   // no-op in the other forms (there the rule asks rows one by one until it rejects, and building
   // the block's laws at once cost more than the one or two it asks: H200, 8B shapes, top-p 0.9).
   void look_up(const int32_t* ids, int n);
@@ -57,11 +64,12 @@ class LogitRows {
   enum class Form { Argmax, TopK, TopP, DeviceRows, Rows };
   const float* row(int r);  // the whole row, downloaded on first use where the form lacks it
   bool has_candidates(int r) const;  // the TopK / TopP forms' row r came as candidates
+  bool on_device(int r) const;       // row r's law is a DeviceRowLaw (DeviceRows; TopP over the cap)
   // Row r's law from its candidates or its whole row (downloaded already), in the forms that
   // keep laws on the host.
   std::unique_ptr<TokenLaw> support_law(int r, const TokenHistory& h) const;
   void build_laws(int n);  // laws of rows 0 … n − 1 at once, sampling without penalties
-  const DeviceRowLaw& device_law(int r);  // law(r) in the DeviceRows form
+  const DeviceRowLaw& device_law(int r);  // law(r) where on_device(r)
 
   Backend& backend_;
   SamplingParams sp_;
@@ -72,6 +80,9 @@ class LogitRows {
   Tensor logits_;
   std::vector<int32_t> argmax_;
   std::vector<CandidateRow> candidates_;  // the TopK and TopP forms
+  bool top_p_laws_on_device_ = false;     // TopP: rows over the cap keep their laws where they are
+  bool every_top_p_row_on_device_ = false;  // TopP, DFLASH_LOGIT_ROWS=device: every row does
+  std::vector<RowLaw> top_p_laws_;        // TopP, a row each, when some row was over the cap
   std::vector<std::unique_ptr<TokenLaw>> laws_;  // built on first use, a row each
   std::vector<float> rows_;
   std::vector<int> row_read_;  // rows of rows_ that hold the whole row (all of them in the Rows form)

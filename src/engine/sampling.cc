@@ -185,9 +185,9 @@ int32_t SupportLaw::draw(Rng& rng) const { return sample_from(d_, rng); }
 
 int32_t SupportLaw::draw_excess_over(const TokenLaw& q_law, Rng& rng) const {
   const auto* q_support = dynamic_cast<const SupportLaw*>(&q_law);
-  if (!q_support) throw Error("acceptance: p is a support on the host, q is not");
+  const TokenDistribution q_read = q_support ? TokenDistribution{} : q_law.support();
   const TokenDistribution& p = d_;
-  const TokenDistribution& q = q_support->d_;
+  const TokenDistribution& q = q_support ? q_support->d_ : q_read;
   TokenDistribution residual;
   residual.ids = p.ids;
   residual.probs.resize(p.ids.size());

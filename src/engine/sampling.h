@@ -64,8 +64,12 @@ class TokenLaw {
   virtual ~TokenLaw() = default;
   virtual double prob(int32_t id) const = 0;
   virtual int32_t draw(Rng& rng) const = 0;
-  // A draw from normalise(max(0, this − q)), q of the same kind; −1 when that is 0 everywhere.
+  // A draw from normalise(max(0, this − q)); −1 when that is 0 everywhere.
   virtual int32_t draw_excess_over(const TokenLaw& q, Rng& rng) const = 0;
+  // The law as a support on the host (a row on the device is read for it): where p and q are of
+  // different kinds (a top-p row that came as candidates beside one whose nucleus stayed on the
+  // device), the excess is drawn on the host.
+  virtual TokenDistribution support() const = 0;
 };
 
 class SupportLaw final : public TokenLaw {
@@ -77,6 +81,7 @@ class SupportLaw final : public TokenLaw {
   // max(0, p − q) is 0 wherever p is, so its support is within p's: one merge walk of the two
   // ascending supports. No uniform is drawn when it is 0 everywhere.
   int32_t draw_excess_over(const TokenLaw& q, Rng& rng) const override;
+  TokenDistribution support() const override { return d_; }
 
  private:
   TokenDistribution d_;

@@ -606,32 +606,68 @@ class CudaBackend final : public Backend {
     return out;
   }
 
-  std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u) override {
+  std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u,
+                                      const std::vector<RowLaw>& laws) override {
     expect(logits, DType::F32, "draw_from_rows", "logits");
+    check_draw_args(logits, u, laws);
     const size_t n = u.size();
-    if (int64_t(n) > logits.rows)
-      throw Error("draw_from_rows: " + std::to_string(n) + " uniforms for " + logits.describe());
     std::vector<RowDraw> out(n);
     if (n == 0) return out;
-    // One copy in (the uniforms) and one back: the laws, two doubles a row, then ids, then
-    // scaled logits.
-    auto dev_u = pool_->allocate(n * sizeof(double), "draw_from_rows");
+    // One copy in (the uniforms, and the laws with their cuts where given) and one back: the
+    // laws, two doubles a row, then ids, then scaled logits.
     const size_t law_bytes = 2 * n * sizeof(double), bytes = law_bytes + n * (sizeof(int32_t) + sizeof(float));
+    const size_t in_bytes = n * sizeof(double) + (laws.empty() ? 0 : law_bytes + n * sizeof(cuda::LawCut));
+    std::vector<char> in(in_bytes);
+    std::memcpy(in.data(), u.data(), n * sizeof(double));
+    for (size_t r = 0; r < laws.size(); ++r) {
+      const double law[2] = {laws[r].max, laws[r].mass};
+      const cuda::LawCut cut{laws[r].cut, laws[r].cut_id};
+      std::memcpy(in.data() + n * sizeof(double) + r * sizeof law, law, sizeof law);
+      std::memcpy(in.data() + n * sizeof(double) + law_bytes + r * sizeof cut, &cut, sizeof cut);
+    }
+    auto dev_in = pool_->allocate(in_bytes, "draw_from_rows");
     auto dev = pool_->allocate(bytes, "draw_from_rows");
     auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(int64_t(n), logits.cols), "draw_from_rows");
-    check(cudaMemcpyAsync(dev_u.get(), u.data(), n * sizeof(double), cudaMemcpyHostToDevice, stream_),
-          "draw_from_rows", "host to device copy");
+    check(cudaMemcpyAsync(dev_in.get(), in.data(), in_bytes, cudaMemcpyHostToDevice, stream_), "draw_from_rows",
+          "host to device copy");
     char* base = static_cast<char*>(dev.get());
+    char* given = static_cast<char*>(dev_in.get()) + n * sizeof(double);
     auto* ids = reinterpret_cast<int32_t*>(base + law_bytes);
     cuda::draw_from_rows(logits.ptr<float>(), logits.ld, int64_t(n), logits.cols, inv_t,
-                         static_cast<const double*>(dev_u.get()), reinterpret_cast<double*>(base), ids,
+                         static_cast<const double*>(dev_in.get()), reinterpret_cast<double*>(laws.empty() ? base : given),
+                         laws.empty() ? nullptr : reinterpret_cast<const cuda::LawCut*>(given + law_bytes), ids,
                          reinterpret_cast<float*>(ids + n), scratch.get(), stream_);
     const char* host = read_back(dev.get(), bytes, "draw_from_rows");
     const auto* law = reinterpret_cast<const double*>(host);
     for (size_t r = 0; r < n; ++r) {
-      out[r].law = {static_cast<float>(law[2 * r]), law[2 * r + 1]};
+      out[r].law = laws.empty() ? RowLaw{static_cast<float>(law[2 * r]), law[2 * r + 1]} : laws[r];
       std::memcpy(&out[r].id, host + law_bytes + r * sizeof(int32_t), sizeof(int32_t));
       std::memcpy(&out[r].scaled, host + law_bytes + (n + r) * sizeof(int32_t), sizeof(float));
+    }
+    return out;
+  }
+
+  std::vector<RowLaw> top_p_laws(const Tensor& logits, float inv_t, float top_p) override {
+    expect(logits, DType::F32, "top_p_laws", "logits");
+    check_top_p(top_p, "top_p_laws");
+    const size_t rows = size_t(logits.rows);
+    std::vector<RowLaw> out(rows);
+    if (rows == 0) return out;
+    // One copy back: the laws, two doubles a row, then the cuts.
+    const size_t law_bytes = 2 * rows * sizeof(double), bytes = law_bytes + rows * sizeof(cuda::LawCut);
+    auto dev = pool_->allocate(bytes, "top_p_laws");
+    auto scratch = pool_->allocate(cuda::top_p_law_scratch_bytes(logits.rows, logits.cols), "top_p_laws");
+    char* base = static_cast<char*>(dev.get());
+    cuda::top_p_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, top_p,
+                     reinterpret_cast<double*>(base), reinterpret_cast<cuda::LawCut*>(base + law_bytes), scratch.get(),
+                     stream_);
+    const char* host = read_back(dev.get(), bytes, "top_p_laws");
+    for (size_t r = 0; r < rows; ++r) {
+      double law[2];
+      cuda::LawCut cut;
+      std::memcpy(law, host + r * sizeof law, sizeof law);
+      std::memcpy(&cut, host + law_bytes + r * sizeof cut, sizeof cut);
+      out[r] = RowLaw{static_cast<float>(law[0]), law[1], cut.cut, cut.cut_id};
     }
     return out;
   }
@@ -646,8 +682,9 @@ class CudaBackend final : public Backend {
     auto dev = pool_->allocate(sizeof(int32_t), "draw_from_excess");
     auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(1, p_logits.cols), "draw_from_excess");
     cuda::draw_from_excess(p_logits.ptr<float>() + rp * p_logits.ld, q_logits.ptr<float>() + rq * q_logits.ld,
-                           p_logits.cols, inv_t, lp.max, lp.mass, lq.max, lq.mass, u, static_cast<int32_t*>(dev.get()),
-                           scratch.get(), stream_);
+                           p_logits.cols, inv_t, lp.max, lp.mass, cuda::LawCut{lp.cut, lp.cut_id}, lq.max, lq.mass,
+                           cuda::LawCut{lq.cut, lq.cut_id}, u, static_cast<int32_t*>(dev.get()), scratch.get(),
+                           stream_);
     int32_t id = -1;
     copy_back(&id, dev.get(), sizeof id, "draw_from_excess");
     return id;

@@ -109,14 +109,26 @@ void top_p_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_
 // (a device array) and writes ids[r] and the scaled logit there, scaled[r]; p and q of the
 // excess point at their row; each draw writes id −1 where there is no weight. The laws and
 // draws need `scratch` of row_law_scratch_bytes() for their per-slice partial results.
+// A law's cut (RowLaw::cut, cut_id; {−inf, 0} admits every token).
+struct LawCut {
+  float cut;
+  int32_t cut_id;
+};
 size_t row_law_scratch_bytes(int64_t rows, int64_t n);
 void row_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, double* out, void* scratch,
               cudaStream_t s);
 void scaled_at(const float* x, int64_t ldx, float inv_t, const int64_t* at, int count, float* out, cudaStream_t s);
+// With cuts (a device array, a row each) the laws are given (the caller's {max, mass}) and the
+// draw admits only each cut's tokens; without, as above.
 void draw_from_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, const double* u, double* laws,
-                    int32_t* ids, float* scaled, void* scratch, cudaStream_t s);
-void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, float p_max, double p_mass, float q_max,
-                      double q_mass, double u, int32_t* out, void* scratch, cudaStream_t s);
+                    const LawCut* cuts, int32_t* ids, float* scaled, void* scratch, cudaStream_t s);
+void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, float p_max, double p_mass, LawCut p_cut,
+                      float q_max, double q_mass, LawCut q_cut, double u, int32_t* out, void* scratch, cudaStream_t s);
+// Backend::top_p_laws: laws[r] = {max, kept mass} as row_laws writes them, cuts[r] the cut;
+// `scratch` of top_p_law_scratch_bytes().
+size_t top_p_law_scratch_bytes(int64_t rows, int64_t n);
+void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, double* laws,
+                LawCut* cuts, void* scratch, cudaStream_t s);
 // out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of
 // only -inf / NaN). Needs `scratch` of argmax_scratch_bytes() for the per-slice partial results.
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);

@@ -4,9 +4,12 @@
 // and single values come back. The weights are f64 (the host's arithmetic), so one block a row
 // would be bound by one SM's f64 units (85 µs a draw from a 151 936-token row): a row is cut
 // into slices of kSlice tokens, a block each, and a second launch combines the slices in order.
+// A top-p law (Backend::top_p_laws) is the same softmax over the tokens at or above a cut, which
+// is found here too (below), so a flat row's nucleus never leaves the device either.
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/top_p_fixed.h"
 
 namespace dflash::cuda {
 namespace {
@@ -23,6 +26,10 @@ int slices_of(int64_t n) { return static_cast<int>((n + kSlice - 1) / kSlice); }
 __device__ __forceinline__ double weight(float logit, float inv_t, float max) {
   const float s = logit * inv_t;
   return s != s || s == -INFINITY ? 0.0 : exp(double(s) - double(max));
+}
+
+__device__ __forceinline__ bool admits(LawCut c, float s, int id) {
+  return s > c.cut || (s == c.cut && id >= c.cut_id);
 }
 
 // partial[r][s] = {max, Σ exp(scaled − max)} of slice s of row r, the sum strided by thread
@@ -84,19 +91,25 @@ __global__ void scaled_at_kernel(const float* __restrict__ x, int64_t ldx, float
 struct RowWeight {
   const float* x;
   float inv_t, max;
-  __device__ double operator()(int i) const { return weight(x[i], inv_t, max); }
+  LawCut cut;
+  __device__ double operator()(int i) const {
+    return admits(cut, x[i] * inv_t, i) ? weight(x[i], inv_t, max) : 0.0;
+  }
 };
-// Rows of x, each with its law ({max, mass} as row_laws writes them) and its uniform; the drawn
-// id's scaled logit goes with it.
+// Rows of x, each with its law ({max, mass} as row_laws writes them, and its cut where given)
+// and its uniform; the drawn id's scaled logit goes with it.
 struct RowsSource {
   const float* x;
   int64_t ldx;
   float inv_t;
   const double* law;
+  const LawCut* cuts;  // null: every token admitted
   const double* u;
   int32_t* ids;
   float* scaled;
-  __device__ RowWeight weights(int r) const { return {x + r * ldx, inv_t, static_cast<float>(law[2 * r])}; }
+  __device__ RowWeight weights(int r) const {
+    return {x + r * ldx, inv_t, static_cast<float>(law[2 * r]), cuts ? cuts[r] : LawCut{-INFINITY, 0}};
+  }
   __device__ double uniform(int r) const { return u[r]; }
   __device__ void write(int r, int32_t id) const {
     ids[r] = id;
@@ -104,12 +117,9 @@ struct RowsSource {
   }
 };
 struct ExcessWeight {
-  const float *p, *q;
-  float inv_t, p_max, q_max;
+  RowWeight p, q;
   double p_mass, q_mass;
-  __device__ double operator()(int i) const {
-    return fmax(0.0, weight(p[i], inv_t, p_max) / p_mass - weight(q[i], inv_t, q_max) / q_mass);
-  }
+  __device__ double operator()(int i) const { return fmax(0.0, p(i) / p_mass - q(i) / q_mass); }
 };
 struct ExcessSource {
   ExcessWeight w;
@@ -217,7 +227,205 @@ void draw(const char* op, const Source& src, int64_t rows, int64_t n, void* scra
                 slices, static_cast<const double*>(totals));
 }
 
+// Top-p's cut. Each token's weight is fixed to an integer (top_p_fixed.h) and its scaled logit
+// to a 32-bit key in ascending order; the cut is the token, in ascending (key, id) order, where
+// the running sum of fixed weights first exceeds the dropped mass ⌊(1 − top_p)·total⌋. Three
+// rounds of histograms over the key's bits (11, 11, 10: the fixed weights of each bin summed in
+// 64-bit integers, exact in any order) narrow it to one key; among the tokens of that key, all
+// of one weight, the running sum left over gives how many are dropped, and a walk in id order
+// finds the first one kept. The law's mass is then the f64 sum of the kept weights, by slices.
+constexpr int kCutBins = 2048;
+
+struct CutState {
+  uint32_t key;         // the key bits found so far
+  uint32_t empty;       // nothing finite in the row: nothing admitted
+  uint64_t residual;    // the dropped mass not yet accounted for by keys below `key`
+};
+
+// Ascending keys of scaled logits (−0 as +0, so that equal values share a key).
+__device__ __forceinline__ uint32_t order_key(float s) {
+  uint32_t b = __float_as_uint(s);
+  if ((b << 1) == 0) b = 0;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Round `level` (0, 1, 2): the fixed weights of the tokens whose key agrees with the bits found
+// so far, by their next bits, block by block into hist[row][bin].
+__global__ void __launch_bounds__(kThreads)
+    cut_hist_kernel(const float* __restrict__ x, int64_t ldx, int n, float inv_t, const double* law,
+                    const CutState* state, unsigned long long* hist, int level) {
+  grid_dependency_begin();
+  const int r = blockIdx.y;
+  __shared__ unsigned long long bins[kCutBins];
+  for (int b = threadIdx.x; b < kCutBins; b += kThreads) bins[b] = 0;
+  __syncthreads();
+  const CutState st = state ? state[r] : CutState{0, 0, 0};
+  if (!st.empty) {
+    const float* xr = x + int64_t(r) * ldx;
+    const float mx = static_cast<float>(law[2 * r]);
+    const int shift = level == 0 ? 21 : level == 1 ? 10 : 0, known = level == 0 ? 32 : level == 1 ? 21 : 10;
+    const uint32_t mask = level == 2 ? 1023u : 2047u;
+    const int i0 = blockIdx.x * kSlice, i1 = min(n, i0 + kSlice);
+    for (int i = i0 + threadIdx.x; i < i1; i += kThreads) {
+      const float s = xr[i] * inv_t;
+      if (s != s) continue;
+      const uint32_t key = order_key(s);
+      if (known < 32 && (key >> known) != st.key) continue;
+      const unsigned long long f = top_p_fixed_weight(weight(xr[i], inv_t, mx));
+      if (f) atomicAdd(&bins[(key >> shift) & mask], f);
+    }
+  }
+  __syncthreads();
+  unsigned long long* h = hist + int64_t(r) * kCutBins;
+  for (int b = threadIdx.x; b < kCutBins; b += kThreads)
+    if (bins[b]) atomicAdd(&h[b], bins[b]);
+}
+
+// One block a row: the bin where the running sum passes the residual (on round 0, the dropped
+// mass of the whole row), which extends the key; the histogram is left zero for the next round.
+__global__ void __launch_bounds__(kThreads)
+    cut_select_kernel(unsigned long long* hist, CutState* state, float top_p, int level) {
+  grid_dependency_begin();
+  const int r = blockIdx.x;
+  const int bins = level == 2 ? 1024 : kCutBins, per = bins / kThreads;
+  unsigned long long* h = hist + int64_t(r) * kCutBins;
+  unsigned long long mine[kCutBins / kThreads], own = 0;
+  for (int j = 0; j < per; ++j) {
+    mine[j] = h[threadIdx.x * per + j];
+    h[threadIdx.x * per + j] = 0;
+    own += mine[j];
+  }
+  __shared__ unsigned long long warp_total[kWarps];
+  __shared__ CutState st;
+  const unsigned long long incl = warp_inclusive_sum(own);
+  if (threadIdx.x % 32 == 31) warp_total[threadIdx.x / 32] = incl;
+  if (threadIdx.x == 0) st = level == 0 ? CutState{0, 0, 0} : state[r];
+  __syncthreads();
+  unsigned long long before = incl - own, total = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < int(threadIdx.x) / 32) before += warp_total[w];
+    total += warp_total[w];
+  }
+  if (st.empty) return;
+  uint64_t residual = st.residual;
+  if (level == 0) {
+    if (total == 0) {  // only NaN and −inf
+      if (threadIdx.x == 0) state[r] = CutState{0, 1, 0};
+      return;
+    }
+    const uint64_t drop = top_p_drop_fixed(top_p, total);
+    residual = drop < total ? drop : total - 1;  // at least the largest token is kept
+  }
+  if (!(before <= residual && residual < before + own)) return;  // one thread holds the crossing
+  for (int j = 0; j < per; ++j) {
+    if (residual < before + mine[j]) {
+      const int bin = threadIdx.x * per + j;
+      state[r] = CutState{level == 0 ? uint32_t(bin) : (st.key << (level == 2 ? 10 : 11)) | uint32_t(bin), 0,
+                          residual - before};
+      return;
+    }
+    before += mine[j];
+  }
+}
+
+// One block a row: the cut's value, and its id where some tokens of that value are dropped.
+__global__ void __launch_bounds__(kThreads)
+    cut_finish_kernel(const float* __restrict__ x, int64_t ldx, int n, float inv_t, const double* law,
+                      const CutState* state, LawCut* cuts) {
+  grid_dependency_begin();
+  const int r = blockIdx.x;
+  const CutState st = state[r];
+  if (st.empty) {
+    if (threadIdx.x == 0) cuts[r] = LawCut{INFINITY, 0};
+    return;
+  }
+  const float cut = key_value(st.key);
+  const float mx = static_cast<float>(law[2 * r]);
+  const uint64_t f = top_p_fixed_weight(exp(double(cut) - double(mx)));
+  const uint64_t dropped = st.residual / f;  // tokens of the cut's value below the first kept
+  if (dropped == 0) {
+    if (threadIdx.x == 0) cuts[r] = LawCut{cut, 0};
+    return;
+  }
+  const float* xr = x + int64_t(r) * ldx;
+  __shared__ int warp_count[kWarps];
+  __shared__ int found;
+  if (threadIdx.x == 0) found = -1;
+  uint64_t seen = 0;  // tokens of the cut's value before this tile
+  for (int t0 = 0; t0 < n; t0 += kThreads) {
+    const int i = t0 + threadIdx.x;
+    const bool tie = i < n && xr[i] * inv_t == cut;
+    const unsigned ballot = __ballot_sync(0xffffffffu, tie);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) warp_count[warp] = __popc(ballot);
+    __syncthreads();
+    int before = __popc(ballot & ((1u << lane) - 1u)), tile = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) before += warp_count[w];
+      tile += warp_count[w];
+    }
+    if (tie && seen + uint64_t(before) == dropped) found = i;
+    __syncthreads();
+    if (found >= 0) break;
+    seen += uint64_t(tile);
+  }
+  if (threadIdx.x == 0) cuts[r] = LawCut{cut, found};
+}
+
+// partial[r][s] = {max, Σ of the admitted weights} of slice s of row r (max the row's, so that
+// law_combine_kernel adds the slices as they are), the sum strided by thread then by warp.
+__global__ void __launch_bounds__(kThreads)
+    kept_mass_kernel(const float* __restrict__ x, int64_t ldx, int n, float inv_t, const double* law,
+                     const LawCut* cuts, double* partial) {
+  grid_dependency_begin();
+  const int r = blockIdx.y;
+  const RowWeight w{x + int64_t(r) * ldx, inv_t, static_cast<float>(law[2 * r]), cuts[r]};
+  __shared__ double part_sum[32];
+  const int i0 = blockIdx.x * kSlice, i1 = min(n, i0 + kSlice);
+  double sum = 0;
+  for (int i = i0 + threadIdx.x; i < i1; i += kThreads) sum += w(i);
+  const double total = block_sum(sum, part_sum);
+  if (threadIdx.x == 0) {
+    double* out = partial + 2 * (int64_t(r) * gridDim.x + blockIdx.x);
+    out[0] = law[2 * r];
+    out[1] = total;
+  }
+}
+
 }  // namespace
+
+size_t top_p_law_scratch_bytes(int64_t rows, int64_t n) {
+  return row_law_scratch_bytes(rows, n) + size_t(rows) * (kCutBins * sizeof(unsigned long long) + sizeof(CutState));
+}
+
+void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, double* laws,
+                LawCut* cuts, void* scratch, cudaStream_t s) {
+  if (rows == 0) return;
+  const int slices = slices_of(n);
+  auto* partial = static_cast<double*>(scratch);
+  auto* hist = reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch) + row_law_scratch_bytes(rows, n));
+  auto* state = reinterpret_cast<CutState*>(hist + rows * kCutBins);
+  row_laws(x, ldx, rows, n, inv_t, laws, scratch, s);
+  check(cudaMemsetAsync(hist, 0, size_t(rows) * kCutBins * sizeof(unsigned long long), s), "top_p_laws", "memset");
+  const dim3 grid(slices, static_cast<unsigned>(rows));
+  for (int level = 0; level < 3; ++level) {
+    launch_kernel("top_p_laws", cut_hist_kernel, grid, dim3(kThreads), 0, s, x, ldx, static_cast<int>(n), inv_t,
+                  static_cast<const double*>(laws), level == 0 ? static_cast<const CutState*>(nullptr) : state, hist,
+                  level);
+    launch_kernel("top_p_laws", cut_select_kernel, static_cast<unsigned>(rows), kThreads, 0, s, hist, state, top_p,
+                  level);
+  }
+  launch_kernel("top_p_laws", cut_finish_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, ldx,
+                static_cast<int>(n), inv_t, static_cast<const double*>(laws), static_cast<const CutState*>(state),
+                cuts);
+  launch_kernel("top_p_laws", kept_mass_kernel, grid, dim3(kThreads), 0, s, x, ldx, static_cast<int>(n), inv_t,
+                static_cast<const double*>(laws), static_cast<const LawCut*>(cuts), partial);
+  launch_kernel("top_p_laws", law_combine_kernel, static_cast<unsigned>((rows + 31) / 32), 32, 0, s,
+                static_cast<const double*>(partial), static_cast<int>(rows), slices, laws);
+}
 
 size_t row_law_scratch_bytes(int64_t rows, int64_t n) { return size_t(rows) * slices_of(n) * 2 * sizeof(double); }
 
@@ -239,15 +447,17 @@ void scaled_at(const float* x, int64_t ldx, float inv_t, const int64_t* at, int 
 }
 
 void draw_from_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, const double* u, double* laws,
-                    int32_t* ids, float* scaled, void* scratch, cudaStream_t s) {
+                    const LawCut* cuts, int32_t* ids, float* scaled, void* scratch, cudaStream_t s) {
   if (rows == 0) return;
-  row_laws(x, ldx, rows, n, inv_t, laws, scratch, s);  // its scratch is read before the draw's is written
-  draw("draw", RowsSource{x, ldx, inv_t, laws, u, ids, scaled}, rows, n, scratch, s);
+  // Without cuts the laws are worked out first (their scratch is read before the draw's is written).
+  if (!cuts) row_laws(x, ldx, rows, n, inv_t, laws, scratch, s);
+  draw("draw", RowsSource{x, ldx, inv_t, laws, cuts, u, ids, scaled}, rows, n, scratch, s);
 }
 
-void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, float p_max, double p_mass, float q_max,
-                      double q_mass, double u, int32_t* out, void* scratch, cudaStream_t s) {
-  draw("draw", ExcessSource{ExcessWeight{p, q, inv_t, p_max, q_max, p_mass, q_mass}, u, out}, 1, n, scratch, s);
+void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, float p_max, double p_mass, LawCut p_cut,
+                      float q_max, double q_mass, LawCut q_cut, double u, int32_t* out, void* scratch, cudaStream_t s) {
+  const ExcessWeight w{RowWeight{p, inv_t, p_max, p_cut}, RowWeight{q, inv_t, q_max, q_cut}, p_mass, q_mass};
+  draw("draw", ExcessSource{w, u, out}, 1, n, scratch, s);
 }
 
 }  // namespace dflash::cuda
