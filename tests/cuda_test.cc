@@ -708,7 +708,8 @@ std::vector<float> top_p_rows_for_laws(int rows, int vocab, std::mt19937& gen) {
 
 // A nucleus too large to move stays on the device as its top-p law (Backend::top_p_laws): the
 // device's histograms must find the very cut the host's sorted walk finds (both on the same
-// integers), the same max, and the kept mass to f64 rounding (summed in another order).
+// integers), min-p's the same value, the same max, and the kept mass to f64 rounding (summed in
+// another order).
 TEST(CudaSampling, TopPLawsAreTheHostsCuts) {
   REQUIRE_GPU(backend);
   auto cpu = make_cpu_backend();
@@ -717,12 +718,18 @@ TEST(CudaSampling, TopPLawsAreTheHostsCuts) {
   const std::vector<float> host = top_p_rows_for_laws(rows, vocab, gen);
   Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
   int tied_cuts = 0;
-  for (const auto& [top_p, temperature] : std::vector<std::pair<float, float>>{{0.9f, 1.0f}, {0.5f, 0.7f}, {0.99f, 1.3f}}) {
-    const float inv_t = 1.f / temperature;
-    const std::vector<RowLaw> g = backend->top_p_laws(on_gpu, inv_t, top_p), c = cpu->top_p_laws(on_cpu, inv_t, top_p);
+  struct Setting {
+    float top_p, min_p, temperature;
+  };
+  for (const Setting& s : {Setting{0.9f, 0.f, 1.0f}, Setting{0.5f, 0.f, 0.7f}, Setting{0.99f, 0.f, 1.3f},
+                           Setting{1.f, 0.3f, 1.0f}, Setting{0.95f, 0.6f, 0.8f}}) {
+    const float inv_t = 1.f / s.temperature, top_p = s.top_p;
+    const std::vector<RowLaw> g = backend->top_p_laws(on_gpu, inv_t, s.top_p, s.min_p),
+                              c = cpu->top_p_laws(on_cpu, inv_t, s.top_p, s.min_p);
     ASSERT_EQ(g.size(), c.size());
     for (int r = 0; r < rows; ++r) {
-      SCOPED_TRACE("row " + std::to_string(r) + " top_p " + std::to_string(top_p));
+      SCOPED_TRACE("row " + std::to_string(r) + " top_p " + std::to_string(top_p) + " min_p " +
+                   std::to_string(s.min_p));
       EXPECT_EQ(g[size_t(r)].max, c[size_t(r)].max);
       EXPECT_EQ(g[size_t(r)].cut, c[size_t(r)].cut);
       EXPECT_EQ(g[size_t(r)].cut_id, c[size_t(r)].cut_id);

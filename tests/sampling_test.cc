@@ -346,17 +346,19 @@ TEST(TopPLaws, KeepTheWholeRowsNucleus) {
   const int vocab = 20000;
   Rng fill(31);
   for (int kind = 0; kind < 3; ++kind)
-    for (double top_p : {0.5, 0.9, 0.99})
+    for (const auto& [top_p, min_p] : std::vector<std::pair<double, double>>{
+             {0.5, 0.0}, {0.9, 0.0}, {0.99, 0.0}, {1.0, 0.05}, {1.0, 0.6}, {0.9, 0.3}, {0.5, 0.9}})
       for (double temperature : {0.7, 1.0}) {
-        SCOPED_TRACE("kind " + std::to_string(kind) + " top_p " + std::to_string(top_p) + " T " +
-                     std::to_string(temperature));
+        SCOPED_TRACE("kind " + std::to_string(kind) + " top_p " + std::to_string(top_p) + " min_p " +
+                     std::to_string(min_p) + " T " + std::to_string(temperature));
         const std::vector<float> row = top_p_test_row(kind, vocab, fill);
         SamplingParams sp;
         sp.temperature = temperature;
         sp.top_p = top_p;
+        sp.min_p = min_p;
         const float inv_t = static_cast<float>(1.0 / temperature);
         Tensor logits = cpu->upload(row.data(), 1, vocab);
-        const RowLaw law = cpu->top_p_laws(logits, inv_t, static_cast<float>(top_p))[0];
+        const RowLaw law = cpu->top_p_laws(logits, inv_t, static_cast<float>(top_p), static_cast<float>(min_p))[0];
         const TokenDistribution want = token_distribution(row.data(), vocab, sp, TokenHistory{});
         const TokenDistribution got = admitted(law, row, inv_t);
         ASSERT_EQ(got.ids, want.ids);
@@ -366,7 +368,7 @@ TEST(TopPLaws, KeepTheWholeRowsNucleus) {
           sum += got.probs[j];
         }
         EXPECT_NEAR(sum, 1.0, 1e-5);
-        if (kind == 1 && top_p == 0.9) {
+        if (kind == 1 && top_p == 0.9 && min_p == 0.0) {
           EXPECT_GT(law.cut_id, 0) << "this row's cut should fall inside a run of ties";
         }
       }
@@ -378,7 +380,7 @@ TEST(TopPLaws, ARowWithNothingFiniteAdmitsNothingAndDrawsAreAClearError) {
   std::vector<float> row(8, -INFINITY);
   row[3] = NAN;
   Tensor logits = cpu->upload(row.data(), 1, 8);
-  const RowLaw law = cpu->top_p_laws(logits, 1.f, 0.9f)[0];
+  const RowLaw law = cpu->top_p_laws(logits, 1.f, 0.9f, 0.f)[0];
   EXPECT_EQ(law.mass, 0.0);
   EXPECT_TRUE(admitted(law, row, 1.f).ids.empty());
   SamplingParams sp;
@@ -396,18 +398,23 @@ TEST(TopPLaws, ARowWithNothingFiniteAdmitsNothingAndDrawsAreAClearError) {
   }
 }
 
-TEST(TopPLaws, ATopPOutsideTheOpenIntervalIsAnError) {
+TEST(TopPLaws, ATopPOrMinPOutsideItsRangeIsAnError) {
   auto cpu = make_cpu_backend();
   const std::vector<float> row(8, 0.5f);
   Tensor logits = cpu->upload(row.data(), 1, 8);
-  for (float bad : {0.f, 1.f, -0.5f, NAN}) {
+  auto error_of = [&](float top_p, float min_p) {
     try {
-      cpu->top_p_laws(logits, 1.f, bad);
-      ADD_FAILURE() << "no error for " << bad;
+      cpu->top_p_laws(logits, 1.f, top_p, min_p);
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("top_p_laws: top_p"), std::string::npos) << e.what();
+      return std::string(e.what());
     }
-  }
+    return std::string("no error");
+  };
+  for (float bad : {0.f, 1.5f, -0.5f, NAN})
+    EXPECT_NE(error_of(bad, 0.f).find("top_p_laws: top_p"), std::string::npos) << error_of(bad, 0.f);
+  for (float bad : {-0.1f, 1.5f, NAN})
+    EXPECT_NE(error_of(0.9f, bad).find("top_p_laws: min_p"), std::string::npos) << error_of(0.9f, bad);
+  EXPECT_EQ(error_of(1.f, 0.f), "no error");
 }
 
 // Top-p rows left where they are (forced on the CPU backend): a block drawn in one call is the

@@ -166,18 +166,22 @@ TEST(SpeculativeSampling, DistributionEqualsPlainSamplingWithRowsLeftInPlace) {
   EXPECT_GT(homogeneity_p_value(run.plain, run.spec, run.n, run.n), 0.001);
 }
 
-// Top-p with every row's law left where it is (Backend::top_p_laws, the GPU's form for a nucleus
-// over the candidate cap; forced here on the CPU backend): the law's cut goes with every draw,
-// p(d) and q(d), and the replacement from max(0, p − q).
+// Top-p, and min-p alone, with every row's law left where it is (Backend::top_p_laws, the GPU's
+// form for a nucleus over the candidate cap and for min-p alone; forced here on the CPU
+// backend): the law's cut goes with every draw, p(d) and q(d), and the replacement from
+// max(0, p − q).
 TEST(SpeculativeSampling, DistributionEqualsPlainSamplingWithTopPLawsLeftInPlace) {
   Pair pair("qwen3-vocab16-f32", "dflash-qwen3-vocab16-f32");
   setenv("DFLASH_LOGIT_ROWS", "device", 1);
-  SamplingParams sp;
-  sp.temperature = 1.0;
-  sp.top_p = 0.8;
-  const auto run = sample_first_three(pair, sp, 10000, nullptr);
+  for (const auto& [top_p, min_p] : std::vector<std::pair<double, double>>{{0.8, 0.0}, {1.0, 0.1}}) {
+    SamplingParams sp;
+    sp.temperature = 1.0;
+    sp.top_p = top_p;
+    sp.min_p = min_p;
+    const auto run = sample_first_three(pair, sp, 10000, nullptr);
+    EXPECT_GT(homogeneity_p_value(run.plain, run.spec, run.n, run.n), 0.001) << "top_p " << top_p << " min_p " << min_p;
+  }
   unsetenv("DFLASH_LOGIT_ROWS");
-  EXPECT_GT(homogeneity_p_value(run.plain, run.spec, run.n, run.n), 0.001);
 }
 
 // A classic bug: after a rejection, draw the replacement from p instead of max(0, p − q).

@@ -204,15 +204,9 @@ inline double admitted_weight(const RowLaw& law, float logit, float inv_t, int64
   return law.admits(logit * inv_t, static_cast<int32_t>(id)) ? weight(logit, inv_t, law.max) : 0.0;
 }
 
-// top_p_laws' rule for one row, stated plainly (sorting): the device finds the same cut by
-// histograms (row_law.cu), from the same integers.
-RowLaw top_p_law_of(const std::vector<float>& row, float inv_t, float top_p) {
-  RowLaw law = law_of(row, inv_t);
-  law.mass = 0;
-  if (law.max == -INFINITY) {  // nothing finite: nothing admitted
-    law.cut = INFINITY;
-    return law;
-  }
+// top_p_laws' top-p cut for one row (its max known, something finite), stated plainly
+// (sorting): the device finds the same cut by histograms (row_law.cu), from the same integers.
+void top_p_cut_of(const std::vector<float>& row, float inv_t, float top_p, RowLaw& law) {
   struct Token {
     float scaled;
     int32_t id;
@@ -235,6 +229,19 @@ RowLaw top_p_law_of(const std::vector<float>& row, float inv_t, float top_p) {
   law.cut = tokens[j].scaled;
   const bool lowest_tie = j == 0 || tokens[j - 1].scaled != tokens[j].scaled;
   law.cut_id = lowest_tie ? 0 : tokens[j].id;
+}
+
+// top_p_laws' law of one row: the stricter of the top-p and min-p cuts, then the mass it keeps.
+RowLaw top_p_law_of(const std::vector<float>& row, float inv_t, float top_p, float min_p) {
+  RowLaw law = law_of(row, inv_t);
+  law.mass = 0;
+  if (law.max == -INFINITY) {  // nothing finite: nothing admitted
+    law.cut = INFINITY;
+    return law;
+  }
+  if (top_p < 1.f) top_p_cut_of(row, inv_t, top_p, law);
+  const float min_p_at = min_p_cut(law.max, min_p);
+  if (min_p_at > law.cut) law = RowLaw{law.max, 0.0, min_p_at, 0};  // the stricter cut of the two
   for (size_t i = 0; i < row.size(); ++i) law.mass += admitted_weight(law, row[i], inv_t, int64_t(i));
   return law;
 }
@@ -296,17 +303,19 @@ std::vector<RowDraw> Backend::draw_from_rows(const Tensor& logits, float inv_t, 
   return out;
 }
 
-std::vector<RowLaw> Backend::top_p_laws(const Tensor& logits, float inv_t, float top_p) {
-  check_top_p(top_p, "top_p_laws");
+std::vector<RowLaw> Backend::top_p_laws(const Tensor& logits, float inv_t, float top_p, float min_p) {
+  check_top_p(top_p, min_p, "top_p_laws");
   std::vector<RowLaw> out;
   for (int64_t r = 0; r < logits.rows; ++r)
-    out.push_back(top_p_law_of(host_row(*this, logits, r, "top_p_laws"), inv_t, top_p));
+    out.push_back(top_p_law_of(host_row(*this, logits, r, "top_p_laws"), inv_t, top_p, min_p));
   return out;
 }
 
-void Backend::check_top_p(float top_p, const char* op) {
-  if (!(top_p > 0.f && top_p < 1.f))
-    throw Error(std::string(op) + ": top_p " + std::to_string(top_p) + " outside (0, 1)");
+void Backend::check_top_p(float top_p, float min_p, const char* op) {
+  if (!(top_p > 0.f && top_p <= 1.f))
+    throw Error(std::string(op) + ": top_p " + std::to_string(top_p) + " outside (0, 1]");
+  if (!(min_p >= 0.f && min_p <= 1.f))
+    throw Error(std::string(op) + ": min_p " + std::to_string(min_p) + " outside [0, 1]");
 }
 
 int32_t Backend::draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,

@@ -164,17 +164,18 @@ class Backend {
                                        const std::vector<std::pair<int64_t, int32_t>>& at);
   virtual std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u,
                                               const std::vector<RowLaw>& laws);
-  // Each row's top-p law, for rows whose nucleus is too large for top_p_rows to move: the
-  // tokens in ascending order of (scaled, id) lose the longest prefix whose probability stays
-  // at or below 1 − top_p (the rule apply_top_p states, engine/sampling.cc), and the law is the
-  // softmax of what is left. The prefix is found on weights fixed to multiples of 2^-40 of the
-  // largest (integers, so the sums are exact in any order and every backend finds the same
-  // cut); the law's mass is then the f64 sum of the admitted weights. A row with nothing finite
-  // gets mass 0 (its draws are −1).
-  virtual std::vector<RowLaw> top_p_laws(const Tensor& logits, float inv_t, float top_p);
+  // Each row's top-p (and min-p) law, for rows whose nucleus is too large for top_p_rows to
+  // move: the tokens in ascending order of (scaled, id) lose the longest prefix whose
+  // probability stays at or below 1 − top_p (the rule apply_top_p states, engine/sampling.cc;
+  // top_p 1: none), then min-p drops every token whose weight is below min_p of the largest
+  // (min_p_cut, top_p_fixed.h; 0: none), and the law is the softmax of what is left. The prefix
+  // is found on weights fixed to multiples of 2^-40 of the largest (integers, so the sums are
+  // exact in any order and every backend finds the same cut); the law's mass is then the f64
+  // sum of the admitted weights. A row with nothing finite gets mass 0 (its draws are −1).
+  virtual std::vector<RowLaw> top_p_laws(const Tensor& logits, float inv_t, float top_p, float min_p);
   // The argument checks of draw_from_rows and top_p_laws, shared by every backend.
   static void check_draw_args(const Tensor& logits, const std::vector<double>& u, const std::vector<RowLaw>& laws);
-  static void check_top_p(float top_p, const char* op);
+  static void check_top_p(float top_p, float min_p, const char* op);
   virtual int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,
                                    int64_t rq, const RowLaw& lq, float inv_t, double u);
 

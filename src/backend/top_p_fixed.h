@@ -24,4 +24,18 @@ DFLASH_HOST_DEVICE inline uint64_t top_p_drop_fixed(float top_p, uint64_t total)
   return static_cast<uint64_t>(floor((1.0 - double(top_p)) * double(total)));
 }
 
+// Min-p's cut: the least scaled value s with exp(s − max) ≥ min_p, in f64 (the weight's own
+// arithmetic), so that min-p keeps exactly the tokens whose weight reaches min_p of the largest;
+// −inf without min-p. log() only gives the first guess; the steps to the neighbouring floats
+// settle the boundary on exp() itself.
+DFLASH_HOST_DEVICE inline float min_p_cut(float max, float min_p) {
+  if (!(min_p > 0.f) || max == -INFINITY) return -INFINITY;
+  const double target = double(min_p);
+  auto reaches = [&](float s) { return exp(double(s) - double(max)) >= target; };
+  float s = static_cast<float>(double(max) + log(target));
+  while (!reaches(s)) s = nextafterf(s, INFINITY);
+  for (float lower = nextafterf(s, -INFINITY); reaches(lower); lower = nextafterf(s, -INFINITY)) s = lower;
+  return s;
+}
+
 }  // namespace dflash

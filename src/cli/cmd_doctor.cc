@@ -578,22 +578,22 @@ class Doctor {
         wrong == 0 && err <= 1e-6, draw_us / double(draws), note);
   }
 
-  // Top-p over a nucleus too large to move, the rows left on the device: each row's top-p law
+  // Top-p (and min-p) over a nucleus too large to move, the rows left on the device: each row's law
   // (the cut and its id exact: both backends find it on the same integers; the max exact; the
   // kept mass), then draws from every row under those laws and from the excess of each row over
   // the next, the same uniforms on both backends, token for token. Rows flat (most of the
   // vocabulary in the nucleus) or with runs of equal logits (ties at the cut). Error: the largest
   // relative difference of a mass, 1 for any differing cut or token.
-  void top_p_law(int64_t rows, int64_t cols, float top_p, float temperature, bool ties) {
+  void top_p_law(int64_t rows, int64_t cols, float top_p, float min_p, float temperature, bool ties) {
     std::uniform_real_distribution<float> u01(0.f, 1.f);
     std::vector<float> host(size_t(rows * cols));
     for (auto& v : host) v = ties ? std::floor(8.f * u01(rng_)) * 0.25f : 3.f * u01(rng_);
     Tensor xt = t_.upload(host.data(), rows, cols), xr = r_.upload(host.data(), rows, cols);
     const float inv_t = 1.0f / temperature;
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<RowLaw> lt = t_.top_p_laws(xt, inv_t, top_p);
+    const std::vector<RowLaw> lt = t_.top_p_laws(xt, inv_t, top_p, min_p);
     const double law_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    const std::vector<RowLaw> lr = r_.top_p_laws(xr, inv_t, top_p);
+    const std::vector<RowLaw> lr = r_.top_p_laws(xr, inv_t, top_p, min_p);
     double err = 0;
     int64_t wrong = 0, tied_cuts = 0;
     for (int64_t r = 0; r < rows; ++r) {
@@ -619,8 +619,9 @@ class Doctor {
     char note[120];
     std::snprintf(note, sizeof note, "cuts (%lld within ties), %d draws a row and from each excess (µs: the laws)",
                   (long long)tied_cuts, draws);
-    char what[48];
-    std::snprintf(what, sizeof what, " top-p %.2f T %.2f%s", top_p, temperature, ties ? " ties" : " flat");
+    char what[64];
+    std::snprintf(what, sizeof what, " top-p %.2f min-p %.2f T %.2f%s", top_p, min_p, temperature,
+                  ties ? " ties" : " flat");
     row("top_p_laws", shape("logits", rows, cols) + what, err, err, 1e-6, wrong == 0 && err <= 1e-6, law_us, note);
   }
 
@@ -821,9 +822,11 @@ int run_doctor(const DoctorArgs& a) {
   d.top_p(3, 4160, 0.5f, 0.6f, false);
   d.row_law(16, 151936, 1.0f);
   d.row_law(4, 4160, 0.7f);
-  d.top_p_law(16, 151936, 0.9f, 1.0f, false);
-  d.top_p_law(4, 151936, 0.95f, 0.7f, true);
-  d.top_p_law(3, 4160, 0.5f, 0.6f, true);
+  d.top_p_law(16, 151936, 0.9f, 0.f, 1.0f, false);
+  d.top_p_law(4, 151936, 0.95f, 0.f, 0.7f, true);
+  d.top_p_law(3, 4160, 0.5f, 0.f, 0.6f, true);
+  d.top_p_law(16, 151936, 1.f, 0.3f, 1.0f, false);
+  d.top_p_law(4, 151936, 0.95f, 0.5f, 0.7f, true);
 
   for (const auto& m : a.models) d.model(m);
 

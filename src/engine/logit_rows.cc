@@ -91,25 +91,35 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
   const bool sampled = !sp.greedy() && !penalties_, every_k = sp.top_k == 0 || sp.top_k >= vocab;
   // Temperature alone: no candidate set is smaller than the row.
   const bool temperature_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p == 0.0;
+  // Min-p alone: its cut is a value (Backend::top_p_laws), so every row is a law on the device.
+  const bool min_p_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p > 0.0;
+  const bool on_gpu = b.device() != DeviceKind::CPU;
   if (sp.argmax_only()) form_ = Form::Argmax;
   else if (sampled && !every_k && sp.top_k <= kMaxDeviceTopK) form_ = Form::TopK;
   else if (sampled && every_k && sp.top_p < 1.0) form_ = Form::TopP;
   // Rows stay where they are, unless they are on the host already (there the host's own pass
   // over a row is the cheaper one: bench/sampling_bench).
-  else if (temperature_alone && b.device() != DeviceKind::CPU) form_ = Form::DeviceRows;
+  else if (temperature_alone && on_gpu) form_ = Form::DeviceRows;
+  else if (min_p_alone && on_gpu) form_ = Form::TopP;
   else form_ = Form::Rows;
+  // A top-p row whose nucleus is over the candidate cap keeps its law (Backend::top_p_laws)
+  // where the row is; on the host the host's own pass reads it.
+  laws_on_device_ = form_ == Form::TopP && on_gpu;
+  every_row_a_law_ = form_ == Form::TopP && min_p_alone;
   // DFLASH_LOGIT_ROWS=whole reads every sampled row whole (as before the candidate and device
-  // forms: measuring); =device keeps temperature-alone rows, and every top-p row whatever its
-  // candidates, where they are on any backend (measuring, and the CPU tests of those forms). The
-  // same distributions either way.
-  // A top-p row whose nucleus is over the candidate cap keeps its law on the device
-  // (Backend::top_p_laws) where the row is; on the host the host's own pass reads it.
-  top_p_laws_on_device_ = form_ == Form::TopP && b.device() != DeviceKind::CPU;
+  // forms: measuring); =device keeps temperature-alone rows, and every top-p or min-p row
+  // whatever its candidates, where they are on any backend (measuring, and the CPU tests of
+  // those forms). The same distributions either way.
   if (const char* e = std::getenv("DFLASH_LOGIT_ROWS")) {
-    if (std::string(e) == "whole" && form_ != Form::Argmax) form_ = Form::Rows;
-    if (std::string(e) == "device" && temperature_alone) form_ = Form::DeviceRows;
-    every_top_p_row_on_device_ = form_ == Form::TopP && std::string(e) == "device";
-    top_p_laws_on_device_ = top_p_laws_on_device_ || every_top_p_row_on_device_;
+    const std::string v = e;
+    if (v == "whole" && form_ != Form::Argmax) form_ = Form::Rows;
+    if (v == "device" && temperature_alone) form_ = Form::DeviceRows;
+    if (v == "device" && (form_ == Form::TopP || min_p_alone)) {
+      form_ = Form::TopP;
+      every_row_a_law_ = true;
+    }
+    laws_on_device_ = form_ == Form::TopP && (laws_on_device_ || every_row_a_law_);
+    every_row_a_law_ = every_row_a_law_ && form_ == Form::TopP;
   }
 }
 
@@ -129,16 +139,16 @@ void LogitRows::read(const Tensor& logits) {
       break;
     case Form::TopP: {
       top_p_laws_.clear();
-      if (every_top_p_row_on_device_) {
+      const float top_p = static_cast<float>(sp_.top_p), min_p = static_cast<float>(sp_.min_p);
+      if (every_row_a_law_) {
         candidates_.assign(size_t(logits.rows), CandidateRow{});
-        top_p_laws_ = backend_.top_p_laws(logits, inv_t_, static_cast<float>(sp_.top_p));
+        top_p_laws_ = backend_.top_p_laws(logits, inv_t_, top_p, min_p);
         break;
       }
-      candidates_ = backend_.top_p_rows(logits, inv_t_, static_cast<float>(sp_.top_p), kMaxTopPCandidates);
+      candidates_ = backend_.top_p_rows(logits, inv_t_, top_p, kMaxTopPCandidates);
       const bool overflow =
           std::any_of(candidates_.begin(), candidates_.end(), [](const CandidateRow& c) { return c.ids.empty(); });
-      if (overflow && top_p_laws_on_device_)
-        top_p_laws_ = backend_.top_p_laws(logits, inv_t_, static_cast<float>(sp_.top_p));
+      if (overflow && laws_on_device_) top_p_laws_ = backend_.top_p_laws(logits, inv_t_, top_p, min_p);
       break;
     }
     case Form::DeviceRows:  // nothing yet: each law comes with the first trip that needs it

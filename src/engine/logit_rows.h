@@ -10,6 +10,8 @@
 //   GPU a row whose candidates are over the cap (a flat row's nucleus is most of the vocabulary)
 //   stays where it is, as its top-p law (Backend::top_p_laws: the cut and the mass of what it
 //   keeps), and is drawn from there as in the temperature-alone form; on the CPU it is read whole;
+// - sampling with min-p and neither top-k, top-p nor a penalty, on a GPU: every row as its law
+//   on the device (min-p's cut is a value: Backend::top_p_laws), drawn from there;
 // - sampling with temperature alone (no top-k, top-p, min-p or penalty) on a GPU: no candidate
 //   set is smaller than the row, so the row stays where it is: draws (each with its row's max
 //   and mass, Backend::draw_from_rows), laws with p(d) (Backend::row_laws) and the acceptance
@@ -80,9 +82,9 @@ class LogitRows {
   Tensor logits_;
   std::vector<int32_t> argmax_;
   std::vector<CandidateRow> candidates_;  // the TopK and TopP forms
-  bool top_p_laws_on_device_ = false;     // TopP: rows over the cap keep their laws where they are
-  bool every_top_p_row_on_device_ = false;  // TopP, DFLASH_LOGIT_ROWS=device: every row does
-  std::vector<RowLaw> top_p_laws_;        // TopP, a row each, when some row was over the cap
+  bool laws_on_device_ = false;   // TopP: rows over the cap keep their laws where they are
+  bool every_row_a_law_ = false;  // TopP: every row does (min-p alone; DFLASH_LOGIT_ROWS=device)
+  std::vector<RowLaw> top_p_laws_;  // TopP, a row each, when some row is a law on the device
   std::vector<std::unique_ptr<TokenLaw>> laws_;  // built on first use, a row each
   std::vector<float> rows_;
   std::vector<int> row_read_;  // rows of rows_ that hold the whole row (all of them in the Rows form)

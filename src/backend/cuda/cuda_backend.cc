@@ -647,9 +647,9 @@ class CudaBackend final : public Backend {
     return out;
   }
 
-  std::vector<RowLaw> top_p_laws(const Tensor& logits, float inv_t, float top_p) override {
+  std::vector<RowLaw> top_p_laws(const Tensor& logits, float inv_t, float top_p, float min_p) override {
     expect(logits, DType::F32, "top_p_laws", "logits");
-    check_top_p(top_p, "top_p_laws");
+    check_top_p(top_p, min_p, "top_p_laws");
     const size_t rows = size_t(logits.rows);
     std::vector<RowLaw> out(rows);
     if (rows == 0) return out;
@@ -658,7 +658,7 @@ class CudaBackend final : public Backend {
     auto dev = pool_->allocate(bytes, "top_p_laws");
     auto scratch = pool_->allocate(cuda::top_p_law_scratch_bytes(logits.rows, logits.cols), "top_p_laws");
     char* base = static_cast<char*>(dev.get());
-    cuda::top_p_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, top_p,
+    cuda::top_p_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, top_p, min_p,
                      reinterpret_cast<double*>(base), reinterpret_cast<cuda::LawCut*>(base + law_bytes), scratch.get(),
                      stream_);
     const char* host = read_back(dev.get(), bytes, "top_p_laws");

@@ -127,8 +127,8 @@ void draw_from_excess(const float* p, const float* q, int64_t n, float inv_t, fl
 // Backend::top_p_laws: laws[r] = {max, kept mass} as row_laws writes them, cuts[r] the cut;
 // `scratch` of top_p_law_scratch_bytes().
 size_t top_p_law_scratch_bytes(int64_t rows, int64_t n);
-void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, double* laws,
-                LawCut* cuts, void* scratch, cudaStream_t s);
+void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, float min_p,
+                double* laws, LawCut* cuts, void* scratch, cudaStream_t s);
 // out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of
 // only -inf / NaN). Needs `scratch` of argmax_scratch_bytes() for the per-slice partial results.
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);

@@ -331,19 +331,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block a row: the cut's value, and its id where some tokens of that value are dropped.
+// One block a row: the top-p cut's value, and its id where some tokens of that value are
+// dropped (state null: no top-p); then the stricter of it and min-p's cut.
 __global__ void __launch_bounds__(kThreads)
     cut_finish_kernel(const float* __restrict__ x, int64_t ldx, int n, float inv_t, const double* law,
-                      const CutState* state, LawCut* cuts) {
+                      const CutState* state, float min_p, LawCut* cuts) {
   grid_dependency_begin();
   const int r = blockIdx.x;
-  const CutState st = state[r];
-  if (st.empty) {
+  const float mx = static_cast<float>(law[2 * r]);
+  if (mx == -INFINITY || (state && state[r].empty)) {  // nothing finite
     if (threadIdx.x == 0) cuts[r] = LawCut{INFINITY, 0};
     return;
   }
+  const float min_p_at = min_p_cut(mx, min_p);
+  if (!state) {
+    if (threadIdx.x == 0) cuts[r] = LawCut{min_p_at, 0};
+    return;
+  }
+  const CutState st = state[r];
   const float cut = key_value(st.key);
-  const float mx = static_cast<float>(law[2 * r]);
+  if (min_p_at > cut) {
+    if (threadIdx.x == 0) cuts[r] = LawCut{min_p_at, 0};
+    return;
+  }
   const uint64_t f = top_p_fixed_weight(exp(double(cut) - double(mx)));
   const uint64_t dropped = st.residual / f;  // tokens of the cut's value below the first kept
   if (dropped == 0) {
@@ -401,17 +411,19 @@ size_t top_p_law_scratch_bytes(int64_t rows, int64_t n) {
   return row_law_scratch_bytes(rows, n) + size_t(rows) * (kCutBins * sizeof(unsigned long long) + sizeof(CutState));
 }
 
-void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, double* laws,
-                LawCut* cuts, void* scratch, cudaStream_t s) {
+void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, float min_p,
+                double* laws, LawCut* cuts, void* scratch, cudaStream_t s) {
   if (rows == 0) return;
   const int slices = slices_of(n);
   auto* partial = static_cast<double*>(scratch);
   auto* hist = reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch) + row_law_scratch_bytes(rows, n));
   auto* state = reinterpret_cast<CutState*>(hist + rows * kCutBins);
   row_laws(x, ldx, rows, n, inv_t, laws, scratch, s);
-  check(cudaMemsetAsync(hist, 0, size_t(rows) * kCutBins * sizeof(unsigned long long), s), "top_p_laws", "memset");
+  const bool top_p_cut = top_p < 1.f;
+  if (top_p_cut)
+    check(cudaMemsetAsync(hist, 0, size_t(rows) * kCutBins * sizeof(unsigned long long), s), "top_p_laws", "memset");
   const dim3 grid(slices, static_cast<unsigned>(rows));
-  for (int level = 0; level < 3; ++level) {
+  for (int level = 0; top_p_cut && level < 3; ++level) {
     launch_kernel("top_p_laws", cut_hist_kernel, grid, dim3(kThreads), 0, s, x, ldx, static_cast<int>(n), inv_t,
                   static_cast<const double*>(laws), level == 0 ? static_cast<const CutState*>(nullptr) : state, hist,
                   level);
@@ -419,8 +431,8 @@ void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_
                   level);
   }
   launch_kernel("top_p_laws", cut_finish_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, ldx,
-                static_cast<int>(n), inv_t, static_cast<const double*>(laws), static_cast<const CutState*>(state),
-                cuts);
+                static_cast<int>(n), inv_t, static_cast<const double*>(laws),
+                top_p_cut ? static_cast<const CutState*>(state) : nullptr, min_p, cuts);
   launch_kernel("top_p_laws", kept_mass_kernel, grid, dim3(kThreads), 0, s, x, ldx, static_cast<int>(n), inv_t,
                 static_cast<const double*>(laws), static_cast<const LawCut*>(cuts), partial);
   launch_kernel("top_p_laws", law_combine_kernel, static_cast<unsigned>((rows + 31) / 32), 32, 0, s,
