@@ -632,6 +632,50 @@ TEST(CudaSampling, CandidateFormsGiveTheWholeRowsDistribution) {
 
 namespace {
 
+// Rows left on the device (g, on the GPU) draw what the CPU backend's draw in the same form (c)
+// from the same uniforms, one row at a time (`draws` a row, p(d) alike, `excess` draws from the
+// excess of each row over the next), then a block in one call and p(d) of other ids in one
+// look-up, `rounds` times.
+void expect_rows_draw_alike(LogitRows& g, LogitRows& c, const Tensor& on_gpu, const Tensor& on_cpu, int rows,
+                            int vocab, int draws, int excess, int rounds, bool expect_device_laws) {
+  g.read(on_gpu);
+  c.read(on_cpu);
+  Rng rg(17), rc(17);
+  for (int r = 0; r < rows; ++r) {
+    const TokenLaw &lg = g.law(r, TokenHistory{}), &lc = c.law(r, TokenHistory{});
+    if (expect_device_laws) {
+      ASSERT_EQ(dynamic_cast<const SupportLaw*>(&lg), nullptr) << "row " << r << " came as candidates";
+    }
+    for (int i = 0; i < draws; ++i) {
+      const int32_t a = lg.draw(rg), b = lc.draw(rc);
+      ASSERT_EQ(a, b) << "row " << r << " draw " << i;
+      EXPECT_NEAR(lg.prob(a), lc.prob(a), 1e-12 * lc.prob(a));
+    }
+    if (r + 1 < rows) {
+      const TokenLaw &qg = g.law(r + 1, TokenHistory{}), &qc = c.law(r + 1, TokenHistory{});
+      for (int i = 0; i < excess; ++i) ASSERT_EQ(lg.draw_excess_over(qg, rg), lc.draw_excess_over(qc, rc)) << "row " << r;
+    }
+  }
+  // Every row drawn in one call (a drafted block), then p(d) of other ids fetched in one call.
+  auto no_history = [](int) { return TokenHistory{}; };
+  for (int round = 0; round < rounds; ++round) {
+    g.read(on_gpu);
+    c.read(on_cpu);
+    std::vector<int32_t> dg(rows), dc(rows), other(rows);
+    g.choose_rows(dg.data(), rows, no_history, rg);
+    c.choose_rows(dc.data(), rows, no_history, rc);
+    ASSERT_EQ(dg, dc) << "round " << round;
+    for (int r = 0; r < rows; ++r) other[size_t(r)] = (dg[size_t(r)] + 1000 * (r + 1)) % vocab;
+    g.look_up(other.data(), rows);
+    c.look_up(other.data(), rows);
+    for (int r = 0; r < rows; ++r) {
+      const double pd = c.law(r, TokenHistory{}).prob(dc[size_t(r)]), po = c.law(r, TokenHistory{}).prob(other[size_t(r)]);
+      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(dg[size_t(r)]), pd, 1e-12 * pd);
+      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(other[size_t(r)]), po, 1e-12 * po);
+    }
+  }
+}
+
 // Temperature alone: the rows stay on the device (LogitRows' DeviceRows form). Its laws must
 // draw what the CPU backend's do in the same form from the same uniforms (both sum f64 weights, so only a
 // uniform within rounding of a boundary could part them), give the same p(d), and draw the
@@ -650,39 +694,7 @@ TEST(CudaSampling, RowsLeftOnTheDeviceDrawWhatTheHostDraws) {
   setenv("DFLASH_LOGIT_ROWS", "device", 1);  // the CPU backend would read its rows whole
   LogitRows g(*backend, sp, vocab), c(*cpu, sp, vocab);
   unsetenv("DFLASH_LOGIT_ROWS");
-  g.read(on_gpu);
-  c.read(on_cpu);
-  Rng rg(17), rc(17);
-  for (int r = 0; r < rows; ++r) {
-    const TokenLaw &lg = g.law(r, TokenHistory{}), &lc = c.law(r, TokenHistory{});
-    for (int i = 0; i < 50; ++i) {
-      const int32_t a = lg.draw(rg), b = lc.draw(rc);
-      ASSERT_EQ(a, b) << "row " << r << " draw " << i;
-      EXPECT_NEAR(lg.prob(a), lc.prob(a), 1e-12 * lc.prob(a));
-    }
-    if (r + 1 < rows) {
-      const TokenLaw &qg = g.law(r + 1, TokenHistory{}), &qc = c.law(r + 1, TokenHistory{});
-      for (int i = 0; i < 20; ++i) ASSERT_EQ(lg.draw_excess_over(qg, rg), lc.draw_excess_over(qc, rc)) << "row " << r;
-    }
-  }
-  // Every row drawn in one call (a drafted block), then p(d) of other ids fetched in one call.
-  auto no_history = [](int) { return TokenHistory{}; };
-  for (int round = 0; round < 10; ++round) {
-    g.read(on_gpu);
-    c.read(on_cpu);
-    std::vector<int32_t> dg(rows), dc(rows), other(rows);
-    g.choose_rows(dg.data(), rows, no_history, rg);
-    c.choose_rows(dc.data(), rows, no_history, rc);
-    ASSERT_EQ(dg, dc) << "round " << round;
-    for (int r = 0; r < rows; ++r) other[size_t(r)] = (dg[size_t(r)] + 1000 * (r + 1)) % vocab;
-    g.look_up(other.data(), rows);
-    c.look_up(other.data(), rows);
-    for (int r = 0; r < rows; ++r) {
-      const double pd = c.law(r, TokenHistory{}).prob(dc[size_t(r)]), po = c.law(r, TokenHistory{}).prob(other[size_t(r)]);
-      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(dg[size_t(r)]), pd, 1e-12 * pd);
-      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(other[size_t(r)]), po, 1e-12 * po);
-    }
-  }
+  expect_rows_draw_alike(g, c, on_gpu, on_cpu, rows, vocab, 50, 20, 10, false);
 }
 
 }  // namespace
@@ -740,9 +752,10 @@ TEST(CudaSampling, TopPLawsAreTheHostsCuts) {
   EXPECT_GT(tied_cuts, 0) << "no cut fell inside a run of equal logits";
 }
 
-// Flat rows' top-p laws on the device draw what the CPU backend's draw in the same form from the
-// same uniforms, give the same p(d) (one row at a time, and a block's in one look-up), and draw
-// the same replacement from the excess of one row over another.
+// Flat rows' top-p laws (with and without min-p, and min-p alone) on the device draw what the
+// CPU backend's draw in the same form from the same uniforms, give the same p(d) (one row at a
+// time, and a block's in one look-up), and draw the same replacement from the excess of one row
+// over another.
 TEST(CudaSampling, TopPRowsLeftOnTheDeviceDrawWhatTheHostDraws) {
   REQUIRE_GPU(backend);
   auto cpu = make_cpu_backend();
@@ -752,44 +765,17 @@ TEST(CudaSampling, TopPRowsLeftOnTheDeviceDrawWhatTheHostDraws) {
   std::vector<float> host(size_t(rows) * vocab);
   for (auto& v : host) v = u(gen);
   Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
-  SamplingParams sp;
-  sp.temperature = 0.8;
-  sp.top_p = 0.9;
-  LogitRows g(*backend, sp, vocab);  // flat rows: over the candidate cap, so left on the device
-  setenv("DFLASH_LOGIT_ROWS", "device", 1);  // the CPU backend would read its rows whole
-  LogitRows c(*cpu, sp, vocab);
-  unsetenv("DFLASH_LOGIT_ROWS");
-  g.read(on_gpu);
-  c.read(on_cpu);
-  Rng rg(29), rc(29);
-  for (int r = 0; r < rows; ++r) {
-    const TokenLaw &lg = g.law(r, TokenHistory{}), &lc = c.law(r, TokenHistory{});
-    ASSERT_EQ(dynamic_cast<const SupportLaw*>(&lg), nullptr) << "row " << r << " came as candidates";
-    for (int i = 0; i < 30; ++i) {
-      const int32_t a = lg.draw(rg), b = lc.draw(rc);
-      ASSERT_EQ(a, b) << "row " << r << " draw " << i;
-      EXPECT_NEAR(lg.prob(a), lc.prob(a), 1e-12 * lc.prob(a));
-    }
-    if (r + 1 < rows) {
-      const TokenLaw &qg = g.law(r + 1, TokenHistory{}), &qc = c.law(r + 1, TokenHistory{});
-      for (int i = 0; i < 10; ++i) ASSERT_EQ(lg.draw_excess_over(qg, rg), lc.draw_excess_over(qc, rc)) << "row " << r;
-    }
-  }
-  auto no_history = [](int) { return TokenHistory{}; };
-  for (int round = 0; round < 5; ++round) {
-    g.read(on_gpu);
-    c.read(on_cpu);
-    std::vector<int32_t> dg(rows), dc(rows), other(rows);
-    g.choose_rows(dg.data(), rows, no_history, rg);
-    c.choose_rows(dc.data(), rows, no_history, rc);
-    ASSERT_EQ(dg, dc) << "round " << round;
-    for (int r = 0; r < rows; ++r) other[size_t(r)] = (dg[size_t(r)] + 1000 * (r + 1)) % vocab;
-    g.look_up(other.data(), rows);
-    c.look_up(other.data(), rows);
-    for (int r = 0; r < rows; ++r) {
-      const double po = c.law(r, TokenHistory{}).prob(other[size_t(r)]);
-      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(other[size_t(r)]), po, 1e-12 * po);
-    }
+  for (const auto& [top_p, min_p] : std::vector<std::pair<double, double>>{{0.9, 0.0}, {1.0, 0.7}, {0.9, 0.8}}) {
+    SCOPED_TRACE("top_p " + std::to_string(top_p) + " min_p " + std::to_string(min_p));
+    SamplingParams sp;
+    sp.temperature = 0.8;
+    sp.top_p = top_p;
+    sp.min_p = min_p;
+    LogitRows g(*backend, sp, vocab);  // flat rows: over the candidate cap (or min-p alone), so left on the device
+    setenv("DFLASH_LOGIT_ROWS", "device", 1);  // the CPU backend would read its rows whole
+    LogitRows c(*cpu, sp, vocab);
+    unsetenv("DFLASH_LOGIT_ROWS");
+    expect_rows_draw_alike(g, c, on_gpu, on_cpu, rows, vocab, 30, 10, 5, true);
   }
 }
 

@@ -173,24 +173,30 @@ TEST(TopPCandidates, GiveTheWholeRowsDistribution) {
 
 namespace {
 
-// Temperature alone leaves rows where they are (LogitRows' DeviceRows form, forced here on the
-// CPU backend's defaults): a row with nothing finite is an error that says so, not a token −1.
+// Temperature alone, top-p and min-p leave rows where they are (LogitRows' DeviceRows form and
+// top-p laws, forced here on the CPU backend's defaults): a row with nothing finite is an error
+// that says so, not a token −1.
 TEST(DeviceRowLaws, ARowWithNothingFiniteIsAClearError) {
-  setenv("DFLASH_LOGIT_ROWS", "device", 1);
   auto cpu = make_cpu_backend();
-  const std::vector<float> row(8, -INFINITY);
+  std::vector<float> row(8, -INFINITY);
+  row[3] = NAN;
   Tensor logits = cpu->upload(row.data(), 1, 8);
-  SamplingParams sp;
-  sp.temperature = 1.0;
-  LogitRows rows(*cpu, sp, 8);
-  unsetenv("DFLASH_LOGIT_ROWS");
-  rows.read(logits);
-  Rng rng(1);
-  try {
-    rows.choose(0, TokenHistory{}, rng);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no finite value"), std::string::npos) << e.what();
+  for (const auto& [top_p, min_p] : std::vector<std::pair<double, double>>{{1.0, 0.0}, {0.9, 0.0}, {1.0, 0.2}}) {
+    SamplingParams sp;
+    sp.temperature = 1.0;
+    sp.top_p = top_p;
+    sp.min_p = min_p;
+    setenv("DFLASH_LOGIT_ROWS", "device", 1);
+    LogitRows rows(*cpu, sp, 8);
+    unsetenv("DFLASH_LOGIT_ROWS");
+    rows.read(logits);
+    Rng rng(1);
+    try {
+      rows.choose(0, TokenHistory{}, rng);
+      ADD_FAILURE() << "no error, top_p " << top_p << " min_p " << min_p;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no finite value"), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -374,27 +380,16 @@ TEST(TopPLaws, KeepTheWholeRowsNucleus) {
       }
 }
 
-TEST(TopPLaws, ARowWithNothingFiniteAdmitsNothingAndDrawsAreAClearError) {
-  setenv("DFLASH_LOGIT_ROWS", "device", 1);
+// (Drawing from such a row is DeviceRowLaws.ARowWithNothingFiniteIsAClearError.)
+TEST(TopPLaws, ARowWithNothingFiniteAdmitsNothing) {
   auto cpu = make_cpu_backend();
   std::vector<float> row(8, -INFINITY);
   row[3] = NAN;
   Tensor logits = cpu->upload(row.data(), 1, 8);
-  const RowLaw law = cpu->top_p_laws(logits, 1.f, 0.9f, 0.f)[0];
-  EXPECT_EQ(law.mass, 0.0);
-  EXPECT_TRUE(admitted(law, row, 1.f).ids.empty());
-  SamplingParams sp;
-  sp.temperature = 1.0;
-  sp.top_p = 0.9;
-  LogitRows rows(*cpu, sp, 8);
-  unsetenv("DFLASH_LOGIT_ROWS");
-  rows.read(logits);
-  Rng rng(1);
-  try {
-    rows.choose(0, TokenHistory{}, rng);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no finite value"), std::string::npos) << e.what();
+  for (const auto& [top_p, min_p] : std::vector<std::pair<float, float>>{{0.9f, 0.f}, {1.f, 0.2f}, {0.5f, 0.5f}}) {
+    const RowLaw law = cpu->top_p_laws(logits, 1.f, top_p, min_p)[0];
+    EXPECT_EQ(law.mass, 0.0);
+    EXPECT_TRUE(admitted(law, row, 1.f).ids.empty());
   }
 }
 
