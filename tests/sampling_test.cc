@@ -347,6 +347,33 @@ TokenDistribution admitted(const RowLaw& law, const std::vector<float>& row, flo
 // golden holds to transformers), with their probabilities, and its mass is the sum of what it
 // keeps. The cut is found on fixed-point weights, the reference on f32 probabilities, so a row
 // could part on a token whose tail mass is within rounding of 1 − top_p; these rows do not.
+// The laws against transformers' own warpers (the golden of SamplingWarpers): every case
+// without top-k keeps transformers' tokens with its probabilities.
+TEST(TopPLaws, KeepTransformersTokens) {
+  auto cpu = make_cpu_backend();
+  const auto g = read_json_file(source_path("testdata/sampling/warpers_golden.json"));
+  const int vocab = g["vocab"].get<int>();
+  int cases = 0;
+  for (const auto& c : g["cases"]) {
+    const double top_p = c["top_p"].get<double>(), min_p = c["min_p"].get<double>();
+    if (c["top_k"].get<int>() != 0 || (top_p >= 1.0 && min_p == 0.0)) continue;
+    const int row = c["row"].get<int>();
+    const float inv_t = static_cast<float>(1.0 / c["temperature"].get<double>());
+    SCOPED_TRACE("row " + std::to_string(row) + " top_p " + std::to_string(top_p) + " min_p " + std::to_string(min_p));
+    const auto logits = golden_logits(row, vocab);
+    Tensor t = cpu->upload(logits.data(), 1, vocab);
+    const RowLaw law = cpu->top_p_laws(t, inv_t, static_cast<float>(top_p), static_cast<float>(min_p))[0];
+    const TokenDistribution got = admitted(law, logits, inv_t);
+    const auto want = c["kept"].get<std::vector<int32_t>>();
+    const auto want_p = c["probs"].get<std::vector<double>>();
+    ASSERT_EQ(got.ids, want);
+    for (size_t j = 0; j < want.size(); ++j)
+      EXPECT_NEAR(got.probs[j], want_p[j], 1e-6 + 2e-5 * want_p[j]) << "token " << want[j];
+    ++cases;
+  }
+  EXPECT_GE(cases, 2) << "the golden has too few top-p and min-p cases without top-k";
+}
+
 TEST(TopPLaws, KeepTheWholeRowsNucleus) {
   auto cpu = make_cpu_backend();
   const int vocab = 20000;
