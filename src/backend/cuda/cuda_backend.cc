@@ -3,9 +3,10 @@
 // read results (download, argmax_rows). Matrix products of more than kSkinnyMaxRows rows go
 // to cuBLAS; decode and verification products go to the batch-invariant skinny kernel.
 // DFLASH_CUDA_PROFILE=1 times every op with event pairs (profiler.h); otherwise each op pays
-// one null test for it. Three parts have files of their own: the ring of pinned slots small
-// uploads go through (staging_ring.h), steps recorded as CUDA graphs (graph_recorder.h) and the
-// reads of token ids that the host waits on later (id_reads.h).
+// one null test for it. Five parts have files of their own: the ring of pinned slots small
+// uploads go through (staging_ring.h), steps recorded as CUDA graphs (graph_recorder.h), the
+// reads of token ids that the host waits on later (id_reads.h), the results it waits on now
+// (read_back.h) and the sampling ops (sampling_ops.h).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -27,7 +28,10 @@
 #include "backend/cuda/graph_recorder.h"
 #include "backend/cuda/id_reads.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/op_args.h"
 #include "backend/cuda/profiler.h"
+#include "backend/cuda/read_back.h"
+#include "backend/cuda/sampling_ops.h"
 #include "backend/cuda/staging_ring.h"
 #include "backend/cuda/timeline.h"
 
@@ -40,21 +44,6 @@ Elem elem_of(const Tensor& t, const char* op) {
   if (t.dtype == DType::BF16) return Elem::BF16;
   throw Error(std::string("cuda ") + op + ": unsupported dtype " + t.describe());
 }
-
-void expect(const Tensor& t, DType dt, const char* op, const char* what) {
-  if (t.device != DeviceKind::CUDA)
-    throw Error(std::string("cuda ") + op + ": " + what + " is not a CUDA tensor (" + t.describe() + ")");
-  if (t.dtype != dt)
-    throw Error(std::string("cuda ") + op + ": " + what + " must be " + dtype_name(dt) + ", got " + t.describe());
-}
-
-void expect_device(const Tensor& t, const char* op, const char* what) {
-  if (t.device != DeviceKind::CUDA)
-    throw Error(std::string("cuda ") + op + ": " + what + " is not a CUDA tensor (" + t.describe() + ")");
-}
-
-std::string dims(int64_t a, int64_t b) { return std::to_string(a) + "x" + std::to_string(b); }
-std::string dims(const Tensor& t) { return dims(t.rows, t.cols) + " " + dtype_name(t.dtype); }
 
 // kv_len changes every decode step: the profile groups it in powers of two.
 std::string kv_bucket(int64_t kv_len) {
@@ -113,17 +102,20 @@ class CudaBackend final : public Backend {
     check(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking), "init", "cudaStreamCreate");
     prof_ = OpProfiler::from_env(stream_);
     timeline_ = Timeline::from_env();
+    read_back_ = std::make_unique<ReadBack>(stream_);
+    sampling_ = std::make_unique<SamplingOps>(*pool_, stream_, *read_back_, prof_.get());
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    sampling_.reset();
     prof_.reset();  // prints the profile, if one was asked for
     timeline_.reset();  // writes the timeline, if one was asked for
     graphs_.reset();
     staging_.reset();
     id_reads_.reset();
     cudaStreamDestroy(upload_stream_);
-    if (readback_) cudaFreeHost(readback_);
+    read_back_.reset();
     rope_.clear();
     workspace_.reset();
     cublasDestroy(blas_);
@@ -540,154 +532,30 @@ class CudaBackend final : public Backend {
     expect(logits, DType::F32, "top_k_rows", "logits");
     k = static_cast<int>(std::min<int64_t>(k, logits.cols));
     if (logits.rows == 0 || k <= 0 || max_count <= 0) return Backend::top_k_rows(logits, k, inv_t, max_count);
-    return candidates_from_device("top_k_rows", logits, max_count, 1, [&](int32_t* dev) {
-      std::shared_ptr<void> part;
-      if (const size_t bytes = cuda::top_k_scratch_bytes(logits.rows, logits.cols, k, max_count))
-        part = pool_->allocate(bytes, "top_k_rows");
-      cuda::top_k_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, k, inv_t, max_count, dev, part.get(),
-                       stream_);
-    });
+    return sampling_->top_k_rows(logits, k, inv_t, max_count);
   }
-
   std::vector<CandidateRow> top_p_rows(const Tensor& logits, float inv_t, float top_p, int max_count) override {
     expect(logits, DType::F32, "top_p_rows", "logits");
     if (logits.rows == 0 || max_count <= 0) return Backend::top_p_rows(logits, inv_t, top_p, max_count);
-    return candidates_from_device("top_p_rows", logits, max_count, 2, [&](int32_t* dev) {
-      std::shared_ptr<void> part;
-      if (const size_t bytes = cuda::top_p_scratch_bytes(logits.rows, logits.cols))
-        part = pool_->allocate(bytes, "top_p_rows");
-      cuda::top_p_rows(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, top_p, max_count, dev,
-                       part.get(), stream_);
-    });
+    return sampling_->top_p_rows(logits, inv_t, top_p, max_count);
   }
-
   RowLaws row_laws(const Tensor& logits, float inv_t, const std::vector<int32_t>& ids) override {
-    expect(logits, DType::F32, "row_laws", "logits");
-    check_row_ids(logits, ids, "row_laws");
-    const size_t rows = size_t(logits.rows), n = ids.size();
-    RowLaws out;
-    if (rows == 0) return out;
-    std::vector<int64_t> pairs;
-    for (size_t r = 0; r < n; ++r) {
-      pairs.push_back(int64_t(r));
-      pairs.push_back(ids[r]);
-    }
-    // One copy in (the pairs) and one back: the laws, two doubles a row, then the scaled logits.
-    const size_t law_bytes = 2 * rows * sizeof(double), bytes = law_bytes + n * sizeof(float);
-    auto dev = pool_->allocate(bytes, "row_laws");
-    auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(logits.rows, logits.cols), "row_laws");
-    cuda::row_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, static_cast<double*>(dev.get()),
-                   scratch.get(), stream_);
-    if (n) queue_scaled_at(logits, inv_t, pairs, reinterpret_cast<float*>(static_cast<char*>(dev.get()) + law_bytes),
-                           "row_laws");
-    const char* host = read_back(dev.get(), bytes, "row_laws");
-    const auto* law = reinterpret_cast<const double*>(host);
-    for (size_t r = 0; r < rows; ++r) out.law.push_back({static_cast<float>(law[2 * r]), law[2 * r + 1]});
-    out.scaled.resize(n);
-    std::memcpy(out.scaled.data(), host + law_bytes, n * sizeof(float));
-    return out;
+    return sampling_->row_laws(logits, inv_t, ids);
   }
-
   std::vector<float> scaled_at(const Tensor& logits, float inv_t,
                                const std::vector<std::pair<int64_t, int32_t>>& at) override {
-    expect(logits, DType::F32, "scaled_at", "logits");
-    std::vector<float> out(at.size());
-    if (at.empty()) return out;
-    std::vector<int64_t> pairs;
-    for (const auto& [r, id] : at) {
-      if (r < 0 || r >= logits.rows || id < 0 || id >= logits.cols)
-        throw Error("scaled_at: (" + std::to_string(r) + ", " + std::to_string(id) + ") outside " + logits.describe());
-      pairs.push_back(r);
-      pairs.push_back(id);
-    }
-    auto dev_out = pool_->allocate(out.size() * sizeof(float), "scaled_at");
-    queue_scaled_at(logits, inv_t, pairs, static_cast<float*>(dev_out.get()), "scaled_at");
-    copy_back(out.data(), dev_out.get(), out.size() * sizeof(float), "scaled_at");
-    return out;
+    return sampling_->scaled_at(logits, inv_t, at);
   }
-
   std::vector<RowDraw> draw_from_rows(const Tensor& logits, float inv_t, const std::vector<double>& u,
                                       const std::vector<RowLaw>& laws) override {
-    expect(logits, DType::F32, "draw_from_rows", "logits");
-    check_draw_args(logits, u, laws);
-    const size_t n = u.size();
-    std::vector<RowDraw> out(n);
-    if (n == 0) return out;
-    // One copy in (the uniforms, and the laws with their cuts where given) and one back: the
-    // laws, two doubles a row, then ids, then scaled logits.
-    const size_t law_bytes = 2 * n * sizeof(double), bytes = law_bytes + n * (sizeof(int32_t) + sizeof(float));
-    const size_t in_bytes = n * sizeof(double) + (laws.empty() ? 0 : law_bytes + n * sizeof(cuda::LawCut));
-    std::vector<char> in(in_bytes);
-    std::memcpy(in.data(), u.data(), n * sizeof(double));
-    for (size_t r = 0; r < laws.size(); ++r) {
-      const double law[2] = {laws[r].max, laws[r].mass};
-      const cuda::LawCut cut{laws[r].cut, laws[r].cut_id};
-      std::memcpy(in.data() + n * sizeof(double) + r * sizeof law, law, sizeof law);
-      std::memcpy(in.data() + n * sizeof(double) + law_bytes + r * sizeof cut, &cut, sizeof cut);
-    }
-    auto dev_in = pool_->allocate(in_bytes, "draw_from_rows");
-    auto dev = pool_->allocate(bytes, "draw_from_rows");
-    auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(int64_t(n), logits.cols), "draw_from_rows");
-    check(cudaMemcpyAsync(dev_in.get(), in.data(), in_bytes, cudaMemcpyHostToDevice, stream_), "draw_from_rows",
-          "host to device copy");
-    char* base = static_cast<char*>(dev.get());
-    char* given = static_cast<char*>(dev_in.get()) + n * sizeof(double);
-    auto* ids = reinterpret_cast<int32_t*>(base + law_bytes);
-    cuda::draw_from_rows(logits.ptr<float>(), logits.ld, int64_t(n), logits.cols, inv_t,
-                         static_cast<const double*>(dev_in.get()), reinterpret_cast<double*>(laws.empty() ? base : given),
-                         laws.empty() ? nullptr : reinterpret_cast<const cuda::LawCut*>(given + law_bytes), ids,
-                         reinterpret_cast<float*>(ids + n), scratch.get(), stream_);
-    const char* host = read_back(dev.get(), bytes, "draw_from_rows");
-    const auto* law = reinterpret_cast<const double*>(host);
-    for (size_t r = 0; r < n; ++r) {
-      out[r].law = laws.empty() ? RowLaw{static_cast<float>(law[2 * r]), law[2 * r + 1]} : laws[r];
-      std::memcpy(&out[r].id, host + law_bytes + r * sizeof(int32_t), sizeof(int32_t));
-      std::memcpy(&out[r].scaled, host + law_bytes + (n + r) * sizeof(int32_t), sizeof(float));
-    }
-    return out;
+    return sampling_->draw_from_rows(logits, inv_t, u, laws);
   }
-
   std::vector<RowLaw> top_p_laws(const Tensor& logits, float inv_t, float top_p, float min_p) override {
-    expect(logits, DType::F32, "top_p_laws", "logits");
-    check_top_p(top_p, min_p, "top_p_laws");
-    const size_t rows = size_t(logits.rows);
-    std::vector<RowLaw> out(rows);
-    if (rows == 0) return out;
-    // One copy back: the laws, two doubles a row, then the cuts.
-    const size_t law_bytes = 2 * rows * sizeof(double), bytes = law_bytes + rows * sizeof(cuda::LawCut);
-    auto dev = pool_->allocate(bytes, "top_p_laws");
-    auto scratch = pool_->allocate(cuda::top_p_law_scratch_bytes(logits.rows, logits.cols), "top_p_laws");
-    char* base = static_cast<char*>(dev.get());
-    cuda::top_p_laws(logits.ptr<float>(), logits.ld, logits.rows, logits.cols, inv_t, top_p, min_p,
-                     reinterpret_cast<double*>(base), reinterpret_cast<cuda::LawCut*>(base + law_bytes), scratch.get(),
-                     stream_);
-    const char* host = read_back(dev.get(), bytes, "top_p_laws");
-    for (size_t r = 0; r < rows; ++r) {
-      double law[2];
-      cuda::LawCut cut;
-      std::memcpy(law, host + r * sizeof law, sizeof law);
-      std::memcpy(&cut, host + law_bytes + r * sizeof cut, sizeof cut);
-      out[r] = RowLaw{static_cast<float>(law[0]), law[1], cut.cut, cut.cut_id};
-    }
-    return out;
+    return sampling_->top_p_laws(logits, inv_t, top_p, min_p);
   }
-
   int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits, int64_t rq,
                            const RowLaw& lq, float inv_t, double u) override {
-    expect(p_logits, DType::F32, "draw_from_excess", "p logits");
-    expect(q_logits, DType::F32, "draw_from_excess", "q logits");
-    if (p_logits.cols != q_logits.cols || rp < 0 || rp >= p_logits.rows || rq < 0 || rq >= q_logits.rows)
-      throw Error("draw_from_excess: row " + std::to_string(rp) + " of " + p_logits.describe() + " against row " +
-                  std::to_string(rq) + " of " + q_logits.describe());
-    auto dev = pool_->allocate(sizeof(int32_t), "draw_from_excess");
-    auto scratch = pool_->allocate(cuda::row_law_scratch_bytes(1, p_logits.cols), "draw_from_excess");
-    cuda::draw_from_excess(p_logits.ptr<float>() + rp * p_logits.ld, q_logits.ptr<float>() + rq * q_logits.ld,
-                           p_logits.cols, inv_t, lp.max, lp.mass, cuda::LawCut{lp.cut, lp.cut_id}, lq.max, lq.mass,
-                           cuda::LawCut{lq.cut, lq.cut_id}, u, static_cast<int32_t*>(dev.get()), scratch.get(),
-                           stream_);
-    int32_t id = -1;
-    copy_back(&id, dev.get(), sizeof id, "draw_from_excess");
-    return id;
+    return sampling_->draw_from_excess(p_logits, rp, lp, q_logits, rq, lq, inv_t, u);
   }
 
   std::vector<int32_t> argmax_rows(const Tensor& x) override {
@@ -698,7 +566,7 @@ class CudaBackend final : public Backend {
     auto part = pool_->allocate(cuda::argmax_scratch_bytes(x.rows, x.cols), "argmax_rows");
     OpTimer timer(prof_.get(), "argmax", [&] { return dims(x.rows, x.cols); });
     cuda::argmax_rows(x.ptr<float>(), x.ld, x.rows, x.cols, static_cast<int32_t*>(dev.get()), part.get(), stream_);
-    copy_back(out.data(), dev.get(), out.size() * sizeof(int32_t), "argmax_rows", &timer);
+    read_back_->copy(out.data(), dev.get(), out.size() * sizeof(int32_t), "argmax_rows", &timer);
     return out;
   }
 
@@ -780,69 +648,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Queues the scaled logits at the flattened (row, id) pairs into dev_out. The pairs' device
-  // copy may go back to the pool on return: its next user is queued behind this kernel, and a
-  // copy from pageable memory is staged before cudaMemcpyAsync returns.
-  void queue_scaled_at(const Tensor& logits, float inv_t, const std::vector<int64_t>& pairs, float* dev_out,
-                       const char* op) {
-    auto dev_at = pool_->allocate(pairs.size() * sizeof(int64_t), op);
-    check(cudaMemcpyAsync(dev_at.get(), pairs.data(), pairs.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
-          op, "host to device copy");
-    cuda::scaled_at(logits.ptr<float>(), logits.ld, inv_t, static_cast<const int64_t*>(dev_at.get()),
-                    static_cast<int>(pairs.size() / 2), dev_out, stream_);
-  }
-
-  // Copies device results into pinned host memory and waits for them; the op's timer, if any,
-  // stops before the wait (the profiler times the op, not the host's wait). The bytes stay
-  // valid until the next read_back. (Pinned rather than pageable memory took `dflash doctor`'s
-  // top-p call on 16 rows of 2048 candidate slots, 256 KiB, from 195.8 to 126.0 µs: H200.)
-  const char* read_back(const void* dev, size_t bytes, const char* op, OpTimer* timer = nullptr) {
-    if (bytes > readback_bytes_) {
-      if (readback_) check(cudaFreeHost(readback_), op, "freeing pinned read-back memory");
-      readback_ = nullptr;
-      readback_bytes_ = 0;
-      const size_t want = std::max<size_t>(bytes, size_t(64) << 10);
-      check(cudaHostAlloc(&readback_, want, cudaHostAllocDefault), op, "allocating pinned read-back memory");
-      readback_bytes_ = want;
-    }
-    check(cudaMemcpyAsync(readback_, dev, bytes, cudaMemcpyDeviceToHost, stream_), op, "device to host copy");
-    if (timer) timer->stop();
-    check(cudaStreamSynchronize(stream_), op, "synchronising the stream");
-    return static_cast<const char*>(readback_);
-  }
-  void copy_back(void* host, const void* dev, size_t bytes, const char* op, OpTimer* timer = nullptr) {
-    std::memcpy(host, read_back(dev, bytes, op, timer), bytes);
-  }
-
-  // Runs `launch` into a device buffer of rows × [count, header…, ids[cap], scaled[cap]] (header
-  // words: 0 for top-k, the row mass for top-p) and unpacks it: one copy back, one sync.
-  template <typename Launch>
-  std::vector<CandidateRow> candidates_from_device(const char* op, const Tensor& logits, int cap, int header,
-                                                   Launch launch) {
-    std::vector<CandidateRow> out(size_t(logits.rows));
-    const int64_t per_row = header + 2 * int64_t(cap);
-    const size_t bytes = size_t(logits.rows * per_row) * sizeof(int32_t);
-    auto dev = pool_->allocate(bytes, op);
-    OpTimer timer(prof_.get(), op, [&] { return dims(logits.rows, logits.cols); });
-    launch(static_cast<int32_t*>(dev.get()));
-    const auto* host = reinterpret_cast<const int32_t*>(read_back(dev.get(), bytes, op, &timer));
-    for (int64_t r = 0; r < logits.rows; ++r) {
-      const int32_t* h = host + r * per_row;
-      CandidateRow& row = out[size_t(r)];
-      row.count = h[0];
-      if (header == 2) {
-        float mass;
-        std::memcpy(&mass, h + 1, sizeof mass);
-        row.row_mass = mass;
-      }
-      if (row.count > cap) continue;  // too many: the caller reads the row whole
-      row.ids.assign(h + header, h + header + row.count);
-      row.scaled.resize(size_t(row.count));
-      std::memcpy(row.scaled.data(), h + header + cap, size_t(row.count) * sizeof(float));
-    }
-    return out;
-  }
-
   // cuda::graph_probe and graph_counts (cuda_backend.h).
  public:
   GraphCounts graph_counts() const { return graphs_->counts(); }
@@ -895,14 +700,14 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<void> workspace_;
-  void* readback_ = nullptr;  // pinned host memory for results (read_back), grown on demand
-  size_t readback_bytes_ = 0;
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
   std::unique_ptr<Timeline> timeline_;  // null unless DFLASH_CUDA_TIMELINE_OUT is set
   std::unique_ptr<StagingRing> staging_;
   std::unique_ptr<GraphRecorder> graphs_;  // queue_recorded's
   std::unique_ptr<IdReads> id_reads_;
+  std::unique_ptr<ReadBack> read_back_;   // results the host waits for
+  std::unique_ptr<SamplingOps> sampling_;
   cudaStream_t upload_stream_ = nullptr;  // RoPE tables: off the compute stream, which may be capturing
 };
 
