@@ -102,25 +102,19 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
   else if (temperature_alone && on_gpu) form_ = Form::DeviceRows;
   else if (min_p_alone && on_gpu) form_ = Form::TopP;
   else form_ = Form::Rows;
-  // A top-p row whose nucleus is over the candidate cap keeps its law (Backend::top_p_laws)
-  // where the row is; on the host the host's own pass reads it.
-  laws_on_device_ = form_ == Form::TopP && on_gpu;
-  every_row_a_law_ = form_ == Form::TopP && min_p_alone;
   // DFLASH_LOGIT_ROWS=whole reads every sampled row whole (as before the candidate and device
   // forms: measuring); =device keeps temperature-alone rows, and every top-p or min-p row
   // whatever its candidates, where they are on any backend (measuring, and the CPU tests of
   // those forms). The same distributions either way.
-  if (const char* e = std::getenv("DFLASH_LOGIT_ROWS")) {
-    const std::string v = e;
-    if (v == "whole" && form_ != Form::Argmax) form_ = Form::Rows;
-    if (v == "device" && temperature_alone) form_ = Form::DeviceRows;
-    if (v == "device" && (form_ == Form::TopP || min_p_alone)) {
-      form_ = Form::TopP;
-      every_row_a_law_ = true;
-    }
-    laws_on_device_ = form_ == Form::TopP && (laws_on_device_ || every_row_a_law_);
-    every_row_a_law_ = every_row_a_law_ && form_ == Form::TopP;
-  }
+  const char* e = std::getenv("DFLASH_LOGIT_ROWS");
+  const std::string env = e ? e : "";
+  if (env == "whole" && form_ != Form::Argmax) form_ = Form::Rows;
+  if (env == "device" && temperature_alone) form_ = Form::DeviceRows;
+  if (env == "device" && min_p_alone) form_ = Form::TopP;
+  // A top-p row whose nucleus is over the candidate cap keeps its law (Backend::top_p_laws)
+  // where the row is; on the host the host's own pass reads it.
+  laws_on_device_ = form_ == Form::TopP && (on_gpu || env == "device");
+  every_row_a_law_ = form_ == Form::TopP && (min_p_alone || env == "device");
 }
 
 void LogitRows::read(const Tensor& logits) {

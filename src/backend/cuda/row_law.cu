@@ -32,12 +32,25 @@ __device__ __forceinline__ bool admits(LawCut c, float s, int id) {
   return s > c.cut || (s == c.cut && id >= c.cut_id);
 }
 
-// partial[r][s] = {max, Σ exp(scaled − max)} of slice s of row r, the sum strided by thread
-// then over the warps in order (the max is exact in any order).
+// Token i's weight under its row's law: weight(), 0 where the cut does not admit it.
+struct RowWeight {
+  const float* x;
+  float inv_t, max;
+  LawCut cut;
+  __device__ double operator()(int i) const {
+    return admits(cut, x[i] * inv_t, i) ? weight(x[i], inv_t, max) : 0.0;
+  }
+};
+
+// partial[r][s] = {max, Σ exp(scaled − max)} of slice s of row r, the sum over the tokens
+// cuts[r] admits (every token without cuts) strided by thread then over the warps in order (the
+// max, of every token, is exact in any order).
 __global__ void __launch_bounds__(kThreads)
-    law_slices_kernel(const float* __restrict__ x, int64_t ldx, int n, float inv_t, double* partial) {
+    law_slices_kernel(const float* __restrict__ x, int64_t ldx, int n, float inv_t, const LawCut* cuts,
+                      double* partial) {
   grid_dependency_begin();
   const float* xr = x + int64_t(blockIdx.y) * ldx;
+  const LawCut cut = cuts ? cuts[blockIdx.y] : LawCut{-INFINITY, 0};
   const int i0 = blockIdx.x * kSlice, i1 = min(n, i0 + kSlice);
   __shared__ float part_max[kWarps];
   __shared__ double part_sum[32];
@@ -49,7 +62,8 @@ __global__ void __launch_bounds__(kThreads)
   mx = -INFINITY;
   for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, part_max[w]);
   double sum = 0;
-  for (int i = i0 + threadIdx.x; i < i1; i += kThreads) sum += weight(xr[i], inv_t, mx);
+  const RowWeight w{xr, inv_t, mx, cut};
+  for (int i = i0 + threadIdx.x; i < i1; i += kThreads) sum += w(i);
   const double total = block_sum(sum, part_sum);
   if (threadIdx.x == 0) {
     double* out = partial + 2 * (int64_t(blockIdx.y) * gridDim.x + blockIdx.x);
@@ -88,14 +102,6 @@ __global__ void scaled_at_kernel(const float* __restrict__ x, int64_t ldx, float
 // same way, and the first thread whose running end passes u·total walks its tokens to the
 // draw; where rounding leaves the crossing to no token, the last token with weight of the
 // thread or slice. −1 when the total is 0. Block row r draws the source's row r.
-struct RowWeight {
-  const float* x;
-  float inv_t, max;
-  LawCut cut;
-  __device__ double operator()(int i) const {
-    return admits(cut, x[i] * inv_t, i) ? weight(x[i], inv_t, max) : 0.0;
-  }
-};
 // Rows of x, each with its law ({max, mass} as row_laws writes them, and its cut where given)
 // and its uniform; the drawn id's scaled logit goes with it.
 struct RowsSource {
@@ -233,7 +239,8 @@ void draw(const char* op, const Source& src, int64_t rows, int64_t n, void* scra
 // rounds of histograms over the key's bits (11, 11, 10: the fixed weights of each bin summed in
 // 64-bit integers, exact in any order) narrow it to one key; among the tokens of that key, all
 // of one weight, the running sum left over gives how many are dropped, and a walk in id order
-// finds the first one kept. The law's mass is then the f64 sum of the kept weights, by slices.
+// finds the first one kept. The law's mass is then the f64 sum of the kept weights, by slices
+// (law_slices_kernel with the cuts).
 constexpr int kCutBins = 2048;
 
 struct CutState {
@@ -385,26 +392,6 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) cuts[r] = LawCut{cut, found};
 }
 
-// partial[r][s] = {max, Σ of the admitted weights} of slice s of row r (max the row's, so that
-// law_combine_kernel adds the slices as they are), the sum strided by thread then by warp.
-__global__ void __launch_bounds__(kThreads)
-    kept_mass_kernel(const float* __restrict__ x, int64_t ldx, int n, float inv_t, const double* law,
-                     const LawCut* cuts, double* partial) {
-  grid_dependency_begin();
-  const int r = blockIdx.y;
-  const RowWeight w{x + int64_t(r) * ldx, inv_t, static_cast<float>(law[2 * r]), cuts[r]};
-  __shared__ double part_sum[32];
-  const int i0 = blockIdx.x * kSlice, i1 = min(n, i0 + kSlice);
-  double sum = 0;
-  for (int i = i0 + threadIdx.x; i < i1; i += kThreads) sum += w(i);
-  const double total = block_sum(sum, part_sum);
-  if (threadIdx.x == 0) {
-    double* out = partial + 2 * (int64_t(r) * gridDim.x + blockIdx.x);
-    out[0] = law[2 * r];
-    out[1] = total;
-  }
-}
-
 }  // namespace
 
 size_t top_p_law_scratch_bytes(int64_t rows, int64_t n) {
@@ -433,8 +420,8 @@ void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_
   launch_kernel("top_p_laws", cut_finish_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, ldx,
                 static_cast<int>(n), inv_t, static_cast<const double*>(laws),
                 top_p_cut ? static_cast<const CutState*>(state) : nullptr, min_p, cuts);
-  launch_kernel("top_p_laws", kept_mass_kernel, grid, dim3(kThreads), 0, s, x, ldx, static_cast<int>(n), inv_t,
-                static_cast<const double*>(laws), static_cast<const LawCut*>(cuts), partial);
+  launch_kernel("top_p_laws", law_slices_kernel, grid, dim3(kThreads), 0, s, x, ldx, static_cast<int>(n), inv_t,
+                static_cast<const LawCut*>(cuts), partial);
   launch_kernel("top_p_laws", law_combine_kernel, static_cast<unsigned>((rows + 31) / 32), 32, 0, s,
                 static_cast<const double*>(partial), static_cast<int>(rows), slices, laws);
 }
@@ -447,7 +434,7 @@ void row_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t,
   const int slices = slices_of(n);
   auto* partial = static_cast<double*>(scratch);
   launch_kernel("row_laws", law_slices_kernel, dim3(slices, static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x, ldx,
-                static_cast<int>(n), inv_t, partial);
+                static_cast<int>(n), inv_t, static_cast<const LawCut*>(nullptr), partial);
   launch_kernel("row_laws", law_combine_kernel, static_cast<unsigned>((rows + 31) / 32), 32, 0, s,
                 static_cast<const double*>(partial), static_cast<int>(rows), slices, out);
 }

@@ -2,8 +2,8 @@
 // The CUDA backend's sampling ops (Backend::top_k_rows, top_p_rows, row_laws, scaled_at,
 // draw_from_rows, top_p_laws, draw_from_excess): each queues its kernels (candidates.cu,
 // row_law.cu) on the backend's stream and brings back only what the sampler needs, in one copy
-// and one wait (read_back.h). The backend checks the logits and handles the empty cases before
-// calling these.
+// and one wait (read_back.h). The backend checks top_k_rows' and top_p_rows' logits and answers
+// their empty cases (no rows, k or the cap 0) before calling them; the others check their own.
 #include <cuda_runtime.h>
 
 #include <cstdint>
