@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < repeats; ++r) {
       dflash::LogitRows rows(*cpu, p, vocab);
       rows.read(t);
-      sink ^= rows.choose(0, dflash::TokenHistory{}, draws);
+      sink ^= rows.choose(0, draws);
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / repeats;
     std::printf("%-40s %10.2f %8d\n", whole ? "LogitRows T 1.0, rows read whole" : "LogitRows T 1.0, rows left (device form)", ms,
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < block_repeats; ++r) {
       dflash::LogitRows rows(*cpu, tp, vocab);
       rows.read(tb);
-      rows.choose_rows(out.data(), block, [](int) { return dflash::TokenHistory{}; }, draws);
+      rows.choose_rows(out.data(), block, draws);
     }
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / block_repeats;

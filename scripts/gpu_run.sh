@@ -273,10 +273,15 @@ if has forced; then
 fi
 
 if has sampled; then
-  step "sampled decoding (Qwen3's defaults: temperature 0.6, top-k 20, top-p 0.95; top-p 0.9 alone; temperature alone; min-p alone)"
-  for opts in "--temperature 0.6 --top-k 20 --top-p 0.95" "--temperature 0.7 --top-p 0.9" \
-      "--temperature 0.7 --top-p 0.9 whole" "--temperature 1.0" "--temperature 1.0 whole" \
-      "--temperature 1.0 --min-p 0.1" "--temperature 1.0 --min-p 0.1 whole"; do
+  step "sampled decoding (Qwen3's defaults: temperature 0.6, top-k 20, top-p 0.95; top-p 0.9 alone; temperature alone; min-p alone; penalties)"
+  # SAMPLED_OPTS="opts|opts" runs only those settings.
+  if [[ -n ${SAMPLED_OPTS:-} ]]; then IFS='|' read -r -a sampled_opts <<<"$SAMPLED_OPTS"
+  else sampled_opts=("--temperature 0.6 --top-k 20 --top-p 0.95" "--temperature 0.7 --top-p 0.9"
+      "--temperature 0.7 --top-p 0.9 whole" "--temperature 1.0" "--temperature 1.0 whole"
+      "--temperature 1.0 --min-p 0.1" "--temperature 1.0 --min-p 0.1 whole"
+      "--temperature 0.7 --top-p 0.9 --presence-penalty 1.5" "--temperature 0.7 --top-p 0.9 --presence-penalty 1.5 whole"
+      "--repetition-penalty 1.1" "--repetition-penalty 1.1 whole"); fi
+  for opts in "${sampled_opts[@]}"; do
     # "whole": the same, every row read whole (DFLASH_LOGIT_ROWS=whole), to compare within the run;
     # "serial": the same on one host thread (OMP_NUM_THREADS=1: the laws of rows read whole one by one)
     [[ "$opts" == *whole ]] && export DFLASH_LOGIT_ROWS=whole && opts=${opts% whole} || unset DFLASH_LOGIT_ROWS

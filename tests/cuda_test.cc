@@ -620,7 +620,7 @@ TEST(CudaSampling, CandidateFormsGiveTheWholeRowsDistribution) {
                    std::to_string(s.top_p));
       const TokenDistribution want = token_distribution(host.data() + size_t(r) * vocab, vocab, sp, TokenHistory{});
       const TokenDistribution& got =
-          dynamic_cast<const SupportLaw&>(device_rows.law(r, TokenHistory{})).distribution();
+          dynamic_cast<const SupportLaw&>(device_rows.law(r)).distribution();
       ASSERT_EQ(got.ids, want.ids);
       for (size_t j = 0; j < want.ids.size(); ++j)
         EXPECT_NEAR(got.probs[j], want.probs[j], 1e-5f * want.probs[j]) << "token " << want.ids[j];
@@ -637,12 +637,13 @@ namespace {
 // excess of each row over the next), then a block in one call and p(d) of other ids in one
 // look-up, `rounds` times.
 void expect_rows_draw_alike(LogitRows& g, LogitRows& c, const Tensor& on_gpu, const Tensor& on_cpu, int rows,
-                            int vocab, int draws, int excess, int rounds, bool expect_device_laws) {
-  g.read(on_gpu);
-  c.read(on_cpu);
+                            int vocab, int draws, int excess, int rounds, bool expect_device_laws,
+                            const TokenHistory& h = {}) {
+  g.read(on_gpu, h);
+  c.read(on_cpu, h);
   Rng rg(17), rc(17);
   for (int r = 0; r < rows; ++r) {
-    const TokenLaw &lg = g.law(r, TokenHistory{}), &lc = c.law(r, TokenHistory{});
+    const TokenLaw &lg = g.law(r), &lc = c.law(r);
     if (expect_device_laws) {
       ASSERT_EQ(dynamic_cast<const SupportLaw*>(&lg), nullptr) << "row " << r << " came as candidates";
     }
@@ -652,26 +653,25 @@ void expect_rows_draw_alike(LogitRows& g, LogitRows& c, const Tensor& on_gpu, co
       EXPECT_NEAR(lg.prob(a), lc.prob(a), 1e-12 * lc.prob(a));
     }
     if (r + 1 < rows) {
-      const TokenLaw &qg = g.law(r + 1, TokenHistory{}), &qc = c.law(r + 1, TokenHistory{});
+      const TokenLaw &qg = g.law(r + 1), &qc = c.law(r + 1);
       for (int i = 0; i < excess; ++i) ASSERT_EQ(lg.draw_excess_over(qg, rg), lc.draw_excess_over(qc, rc)) << "row " << r;
     }
   }
   // Every row drawn in one call (a drafted block), then p(d) of other ids fetched in one call.
-  auto no_history = [](int) { return TokenHistory{}; };
   for (int round = 0; round < rounds; ++round) {
-    g.read(on_gpu);
-    c.read(on_cpu);
+    g.read(on_gpu, h);
+    c.read(on_cpu, h);
     std::vector<int32_t> dg(rows), dc(rows), other(rows);
-    g.choose_rows(dg.data(), rows, no_history, rg);
-    c.choose_rows(dc.data(), rows, no_history, rc);
+    g.choose_rows(dg.data(), rows, rg);
+    c.choose_rows(dc.data(), rows, rc);
     ASSERT_EQ(dg, dc) << "round " << round;
     for (int r = 0; r < rows; ++r) other[size_t(r)] = (dg[size_t(r)] + 1000 * (r + 1)) % vocab;
     g.look_up(other.data(), rows);
     c.look_up(other.data(), rows);
     for (int r = 0; r < rows; ++r) {
-      const double pd = c.law(r, TokenHistory{}).prob(dc[size_t(r)]), po = c.law(r, TokenHistory{}).prob(other[size_t(r)]);
-      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(dg[size_t(r)]), pd, 1e-12 * pd);
-      EXPECT_NEAR(g.law(r, TokenHistory{}).prob(other[size_t(r)]), po, 1e-12 * po);
+      const double pd = c.law(r).prob(dc[size_t(r)]), po = c.law(r).prob(other[size_t(r)]);
+      EXPECT_NEAR(g.law(r).prob(dg[size_t(r)]), pd, 1e-12 * pd);
+      EXPECT_NEAR(g.law(r).prob(other[size_t(r)]), po, 1e-12 * po);
     }
   }
 }
@@ -777,6 +777,82 @@ TEST(CudaSampling, TopPRowsLeftOnTheDeviceDrawWhatTheHostDraws) {
     unsetenv("DFLASH_LOGIT_ROWS");
     expect_rows_draw_alike(g, c, on_gpu, on_cpu, rows, vocab, 30, 10, 5, true);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// A verification block's penalty history at Qwen3 shapes: a long prompt, an output, and drafts
+// that repeat both and one another.
+struct LongHistory {
+  std::vector<int32_t> prompt, output, drafts;
+  LongHistory(int vocab, int rows) {
+    std::mt19937 gen(23);
+    for (int i = 0; i < 3000; ++i) prompt.push_back(int32_t(gen() % 5000));  // repeats
+    for (int i = 0; i < 400; ++i) output.push_back(int32_t(gen() % vocab));
+    for (int i = 0; i + 1 < rows; ++i) drafts.push_back(i % 3 == 0 ? prompt[size_t(i)] : i % 3 == 1 ? output[size_t(i)] : 7);
+  }
+  TokenHistory block() const { return {&prompt, &output, drafts.data(), int(drafts.size())}; }
+};
+
+// Backend::apply_penalties on the device penalises each row of a block as the CPU backend does,
+// bit for bit: each penalty alone, both, and both below their neutral values.
+TEST(CudaSampling, PenaltiesAreTheHostsBitForBit) {
+  REQUIRE_GPU(backend);
+  auto cpu = make_cpu_backend();
+  const int rows = 16, vocab = 151936;
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-6.f, 6.f);
+  std::vector<float> host(size_t(rows) * vocab);
+  for (auto& v : host) v = u(gen);
+  host[7] = 0.f;
+  host[size_t(vocab) + 7] = -INFINITY;
+  const LongHistory lh(vocab, rows);
+  for (const auto& [repetition, presence] : std::vector<std::pair<double, double>>{{1.3, 0.0}, {1.0, 0.7}, {1.15, 1.5}, {0.8, -0.5}}) {
+    SCOPED_TRACE("repetition " + std::to_string(repetition) + " presence " + std::to_string(presence));
+    SamplingParams sp;
+    sp.repetition_penalty = repetition;
+    sp.presence_penalty = presence;
+    const PenaltyTokens t = penalty_tokens(sp, vocab, lh.block(), rows);
+    Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
+    backend->apply_penalties(on_gpu, t);
+    cpu->apply_penalties(on_cpu, t);
+    std::vector<float> g(host.size()), c(host.size());
+    backend->download(on_gpu, g.data());
+    cpu->download(on_cpu, c.data());
+    int changed = 0;
+    for (size_t i = 0; i < host.size(); ++i) changed += std::memcmp(&c[i], &host[i], sizeof(float)) != 0;
+    EXPECT_GT(changed, 1000 * rows);
+    for (int r = 0; r < rows; ++r)
+      ASSERT_EQ(std::memcmp(g.data() + size_t(r) * vocab, c.data() + size_t(r) * vocab, size_t(vocab) * sizeof(float)), 0)
+          << "row " << r;
+  }
+}
+
+// Sampling with penalties at Qwen3 shapes keeps the rows on the device (flat rows, whose top-p
+// nucleus is over the candidate cap, become top-p laws there) and draws what the CPU backend
+// draws from the same rows, penalised alike, in the same form.
+TEST(CudaSampling, PenalisedRowsLeftOnTheDeviceDrawWhatTheHostDraws) {
+  REQUIRE_GPU(backend);
+  auto cpu = make_cpu_backend();
+  const int rows = 4, vocab = 151936;
+  std::mt19937 gen(29);
+  std::uniform_real_distribution<float> u(0.f, 0.5f);
+  std::vector<float> host(size_t(rows) * vocab);
+  for (auto& v : host) v = u(gen);
+  Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
+  const LongHistory lh(vocab, rows);
+  SamplingParams sp;
+  sp.temperature = 0.7;
+  sp.top_p = 0.9;
+  sp.repetition_penalty = 1.2;
+  sp.presence_penalty = 0.5;
+  LogitRows g(*backend, sp, vocab);
+  setenv("DFLASH_LOGIT_ROWS", "device", 1);  // the CPU backend would read its rows whole
+  LogitRows c(*cpu, sp, vocab);
+  unsetenv("DFLASH_LOGIT_ROWS");
+  expect_rows_draw_alike(g, c, on_gpu, on_cpu, rows, vocab, 20, 10, 5, true, lh.block());
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <string>
 
 #include "backend/backend.h"
 #include "engine/acceptance.h"
@@ -31,22 +33,45 @@ std::vector<float> golden_logits(int row, int vocab) {
   return l;
 }
 
+// A golden case's parameters, and the history its repetition penalty looks at (empty without).
+struct GoldenCase {
+  int row = 0;
+  SamplingParams sp;
+  std::vector<int32_t> history;
+  std::string name() const {
+    return "row " + std::to_string(row) + " T " + std::to_string(sp.temperature) + " top_k " +
+           std::to_string(sp.top_k) + " top_p " + std::to_string(sp.top_p) + " min_p " + std::to_string(sp.min_p) +
+           " repetition " + std::to_string(sp.repetition_penalty);
+  }
+};
+
+template <typename Json>
+GoldenCase golden_case(const Json& c) {
+  GoldenCase g;
+  g.row = c["row"].template get<int>();
+  g.sp.temperature = c["temperature"].template get<double>();
+  g.sp.top_k = c["top_k"].template get<int>();
+  g.sp.top_p = c["top_p"].template get<double>();
+  g.sp.min_p = c["min_p"].template get<double>();
+  if (c.contains("repetition_penalty")) {
+    g.sp.repetition_penalty = c["repetition_penalty"].template get<double>();
+    g.history = c["history"].template get<std::vector<int32_t>>();
+  }
+  return g;
+}
+
 TEST(SamplingWarpers, SameTokensAndProbabilitiesAsTransformers) {
   const auto g = read_json_file(source_path("testdata/sampling/warpers_golden.json"));
   const int vocab = g["vocab"].get<int>();
   ASSERT_GT(g["cases"].size(), 0u);
+  int penalised = 0;
   for (const auto& c : g["cases"]) {
-    SamplingParams sp;
-    sp.temperature = c["temperature"].get<double>();
-    sp.top_k = c["top_k"].get<int>();
-    sp.top_p = c["top_p"].get<double>();
-    sp.min_p = c["min_p"].get<double>();
-    const int row = c["row"].get<int>();
-    SCOPED_TRACE("row " + std::to_string(row) + " T " + std::to_string(sp.temperature) + " top_k " +
-                 std::to_string(sp.top_k) + " top_p " + std::to_string(sp.top_p) + " min_p " +
-                 std::to_string(sp.min_p));
-    const auto logits = golden_logits(row, vocab);
-    const auto probs = token_distribution(logits.data(), vocab, sp, TokenHistory{}).dense(vocab);
+    const GoldenCase gc = golden_case(c);
+    const SamplingParams& sp = gc.sp;
+    SCOPED_TRACE(gc.name());
+    penalised += !gc.history.empty();
+    const auto logits = golden_logits(gc.row, vocab);
+    const auto probs = token_distribution(logits.data(), vocab, sp, TokenHistory{&gc.history}).dense(vocab);
     std::vector<int32_t> kept;
     for (int i = 0; i < vocab; ++i) if (probs[size_t(i)] > 0) kept.push_back(i);
     const auto want = c["kept"].get<std::vector<int32_t>>();
@@ -55,6 +80,7 @@ TEST(SamplingWarpers, SameTokensAndProbabilitiesAsTransformers) {
     for (size_t j = 0; j < want.size(); ++j)
       EXPECT_NEAR(probs[size_t(want[j])], want_p[j], 1e-6 + 2e-5 * want_p[j]) << "token " << want[j];
   }
+  EXPECT_GE(penalised, 4) << "the golden has too few repetition-penalty cases";
 }
 
 // Ties at the top-k threshold are all kept (transformers keeps every logit ≥ the k-th largest).
@@ -137,11 +163,8 @@ TEST(TopPCandidates, GiveTheWholeRowsDistribution) {
   const int vocab = g["vocab"].get<int>();
   std::vector<std::pair<std::vector<float>, SamplingParams>> cases;
   for (const auto& c : g["cases"]) {
-    SamplingParams sp;
-    sp.temperature = c["temperature"].get<double>();
-    sp.top_p = c["top_p"].get<double>();
-    sp.min_p = c["min_p"].get<double>();
-    if (c["top_k"].get<int>() == 0 && sp.top_p < 1.0) cases.push_back({golden_logits(c["row"].get<int>(), vocab), sp});
+    const GoldenCase gc = golden_case(c);
+    if (gc.sp.top_k == 0 && gc.sp.top_p < 1.0 && gc.history.empty()) cases.push_back({golden_logits(gc.row, vocab), gc.sp});
   }
   ASSERT_GT(cases.size(), 0u);
   Rng rng(3);
@@ -192,7 +215,7 @@ TEST(DeviceRowLaws, ARowWithNothingFiniteIsAClearError) {
     rows.read(logits);
     Rng rng(1);
     try {
-      rows.choose(0, TokenHistory{}, rng);
+      rows.choose(0, rng);
       ADD_FAILURE() << "no error, top_p " << top_p << " min_p " << min_p;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("no finite value"), std::string::npos) << e.what();
@@ -243,16 +266,16 @@ TEST(DeviceRowLaws, ABlockDrawnInOneCallIsTheSingleDrawsTokens) {
     fresh.read(logits);
     Rng a(100 + round), b(100 + round);
     std::vector<int32_t> drawn(rows), again(rows);
-    block.choose_rows(drawn.data(), rows, [](int) { return TokenHistory{}; }, a);
+    block.choose_rows(drawn.data(), rows, a);
     for (int r = 0; r < rows; ++r) {
-      ASSERT_EQ(drawn[size_t(r)], single.law(r, TokenHistory{}).draw(b)) << "round " << round << ", row " << r;
-      EXPECT_EQ(block.law(r, TokenHistory{}).prob(drawn[size_t(r)]), fresh.law(r, TokenHistory{}).prob(drawn[size_t(r)]));
+      ASSERT_EQ(drawn[size_t(r)], single.law(r).draw(b)) << "round " << round << ", row " << r;
+      EXPECT_EQ(block.law(r).prob(drawn[size_t(r)]), fresh.law(r).prob(drawn[size_t(r)]));
       again[size_t(r)] = (drawn[size_t(r)] + 7 * r + 1) % vocab;  // other ids, fetched in one call
     }
     EXPECT_EQ(a.uniform(), b.uniform()) << "the block took another number of uniforms";
     single.look_up(again.data(), rows);
     for (int r = 0; r < rows; ++r)
-      EXPECT_EQ(single.law(r, TokenHistory{}).prob(again[size_t(r)]), fresh.law(r, TokenHistory{}).prob(again[size_t(r)]));
+      EXPECT_EQ(single.law(r).prob(again[size_t(r)]), fresh.law(r).prob(again[size_t(r)]));
   }
 }
 
@@ -295,11 +318,11 @@ TEST(LogitRowsBlock, LawsBuiltTogetherDrawTheSingleDrawsTokens) {
       single.read(logits);
       Rng a(200 + round), b(200 + round);
       std::vector<int32_t> drawn(rows);
-      block.choose_rows(drawn.data(), rows, [](int) { return TokenHistory{}; }, a);
+      block.choose_rows(drawn.data(), rows, a);
       for (int r = 0; r < rows; ++r) {
-        const TokenLaw& one = single.law(r, TokenHistory{});
+        const TokenLaw& one = single.law(r);
         ASSERT_EQ(drawn[size_t(r)], one.draw(b)) << "round " << round << ", row " << r;
-        const auto& built = dynamic_cast<const SupportLaw&>(block.law(r, TokenHistory{})).distribution();
+        const auto& built = dynamic_cast<const SupportLaw&>(block.law(r)).distribution();
         const auto& alone = dynamic_cast<const SupportLaw&>(one).distribution();
         EXPECT_EQ(built.ids, alone.ids) << "row " << r;
         EXPECT_EQ(built.probs, alone.probs) << "row " << r;
@@ -356,7 +379,7 @@ TEST(TopPLaws, KeepTransformersTokens) {
   int cases = 0;
   for (const auto& c : g["cases"]) {
     const double top_p = c["top_p"].get<double>(), min_p = c["min_p"].get<double>();
-    if (c["top_k"].get<int>() != 0 || (top_p >= 1.0 && min_p == 0.0)) continue;
+    if (c["top_k"].get<int>() != 0 || (top_p >= 1.0 && min_p == 0.0) || c.contains("history")) continue;
     const int row = c["row"].get<int>();
     const float inv_t = static_cast<float>(1.0 / c["temperature"].get<double>());
     SCOPED_TRACE("row " + std::to_string(row) + " top_p " + std::to_string(top_p) + " min_p " + std::to_string(min_p));
@@ -466,28 +489,201 @@ TEST(TopPLaws, RowsLeftInPlaceDrawAsTheirLawsSay) {
     candidates.read(logits);
     Rng a(300 + round), b(300 + round);
     std::vector<int32_t> drawn(rows), other(rows);
-    block.choose_rows(drawn.data(), rows, [](int) { return TokenHistory{}; }, a);
+    block.choose_rows(drawn.data(), rows, a);
     for (int r = 0; r < rows; ++r) {
-      ASSERT_EQ(drawn[size_t(r)], single.law(r, TokenHistory{}).draw(b)) << "round " << round << ", row " << r;
-      const double want = candidates.law(r, TokenHistory{}).prob(drawn[size_t(r)]);
+      ASSERT_EQ(drawn[size_t(r)], single.law(r).draw(b)) << "round " << round << ", row " << r;
+      const double want = candidates.law(r).prob(drawn[size_t(r)]);
       EXPECT_GT(want, 0.0) << "drawn outside the nucleus";
-      EXPECT_NEAR(block.law(r, TokenHistory{}).prob(drawn[size_t(r)]), want, 2e-6 * want);
+      EXPECT_NEAR(block.law(r).prob(drawn[size_t(r)]), want, 2e-6 * want);
       other[size_t(r)] = (drawn[size_t(r)] + 13 * r + 1) % vocab;
     }
     EXPECT_EQ(a.uniform(), b.uniform()) << "the block took another number of uniforms";
     single.look_up(other.data(), rows);
     for (int r = 0; r < rows; ++r) {
-      const double want = candidates.law(r, TokenHistory{}).prob(other[size_t(r)]);
-      EXPECT_NEAR(single.law(r, TokenHistory{}).prob(other[size_t(r)]), want, 2e-6 * want + 1e-12);
+      const double want = candidates.law(r).prob(other[size_t(r)]);
+      EXPECT_NEAR(single.law(r).prob(other[size_t(r)]), want, 2e-6 * want + 1e-12);
     }
     for (int r = 0; r + 1 < rows; ++r) {
-      const TokenLaw &p = block.law(r, TokenHistory{}), &q = candidates.law(r + 1, TokenHistory{});
+      const TokenLaw &p = block.law(r), &q = candidates.law(r + 1);
       const int32_t t = p.draw_excess_over(q, a);
       ASSERT_GE(t, 0);
       EXPECT_GT(p.prob(t), q.prob(t)) << "row " << r;
       EXPECT_EQ(q.draw_excess_over(p, b) >= 0, true) << "row " << r;
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// A causal block's penalty histories: a prompt and an output that share tokens (one outside
+// the vocabulary, skipped), drafts that repeat both and one another.
+struct PenaltyBlock {
+  std::vector<int32_t> prompt = {7, 11, 11, 2999, 40, 5000, -3};
+  std::vector<int32_t> output = {40, 41, 7, 100};
+  std::vector<int32_t> drafts = {11, 41, 500, 500, 100};
+  TokenHistory block() const { return {&prompt, &output, drafts.data(), int(drafts.size())}; }
+  TokenHistory row(int r) const { return {&prompt, &output, drafts.data(), std::min(r, int(drafts.size()))}; }
+};
+
+std::vector<float> penalty_test_rows(int rows, int vocab) {
+  Rng fill(5);
+  std::vector<float> host(size_t(rows) * vocab);
+  for (auto& v : host) v = static_cast<float>(8.0 * (fill.uniform() - 0.5));
+  host[7] = 0.f;                         // a zero: divided and multiplied alike
+  host[size_t(vocab) + 7] = -0.f;
+  host[size_t(2 * vocab) + 11] = -INFINITY;
+  return host;
+}
+
+// The tokens of positive probability (a whole row's support lists a −inf token with 0).
+TokenDistribution nonzero(const TokenDistribution& d) {
+  TokenDistribution out;
+  for (size_t j = 0; j < d.ids.size(); ++j)
+    if (d.probs[j] > 0) {
+      out.ids.push_back(d.ids[j]);
+      out.probs.push_back(d.probs[j]);
+    }
+  return out;
+}
+
+const std::vector<std::pair<double, double>> kPenaltySettings = {{1.3, 0.0}, {1.0, 0.7}, {1.3, 0.7}, {0.8, -0.5}};
+
+// Backend::apply_penalties (the CPU backend's here; the GPU's must equal it bit for bit)
+// penalises row r of a block as apply_penalties penalises that row alone with row r's history:
+// each penalty alone, both, and both below their neutral values.
+TEST(Penalties, RowsPenalisedInPlaceAreTheHostsRows) {
+  auto cpu = make_cpu_backend();
+  const int rows = 6, vocab = 3000;
+  const PenaltyBlock pb;
+  const std::vector<float> host = penalty_test_rows(rows, vocab);
+  for (const auto& [repetition, presence] : kPenaltySettings) {
+    SCOPED_TRACE("repetition " + std::to_string(repetition) + " presence " + std::to_string(presence));
+    SamplingParams sp;
+    sp.repetition_penalty = repetition;
+    sp.presence_penalty = presence;
+    Tensor t = cpu->upload(host.data(), rows, vocab);
+    cpu->apply_penalties(t, penalty_tokens(sp, vocab, pb.block(), rows));
+    std::vector<float> got(host.size());
+    cpu->download(t, got.data());
+    int changed = 0;
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> want(host.begin() + size_t(r) * vocab, host.begin() + size_t(r + 1) * vocab);
+      apply_penalties(want.data(), vocab, sp, pb.row(r));
+      ASSERT_EQ(std::memcmp(want.data(), got.data() + size_t(r) * vocab, want.size() * sizeof(float)), 0) << "row " << r;
+      for (int i = 0; i < vocab; ++i) changed += got[size_t(r) * vocab + i] != host[size_t(r) * vocab + i];
+    }
+    EXPECT_GT(changed, 5 * rows);
+    // A draft's rows (no extra tokens): every row as row 0.
+    Tensor d = cpu->upload(host.data(), rows, vocab);
+    cpu->apply_penalties(d, penalty_tokens(sp, vocab, pb.row(0), rows));
+    cpu->download(d, got.data());
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> want(host.begin() + size_t(r) * vocab, host.begin() + size_t(r + 1) * vocab);
+      apply_penalties(want.data(), vocab, sp, pb.row(0));
+      ASSERT_EQ(std::memcmp(want.data(), got.data() + size_t(r) * vocab, want.size() * sizeof(float)), 0) << "row " << r;
+    }
+  }
+}
+
+TEST(Penalties, BadEntriesNameWhatIsWrong) {
+  auto cpu = make_cpu_backend();
+  const std::vector<float> row(8, 0.5f);
+  Tensor logits = cpu->upload(row.data(), 1, 8);
+  auto error_of = [&](PenaltyTokens t) {
+    try {
+      cpu->apply_penalties(logits, t);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  PenaltyTokens t;
+  t.row_first = {0, 0};
+  t.every_row = {9 | PenaltyTokens::kRepetition};
+  EXPECT_NE(error_of(t).find("every_row entry 0: id 9 outside F32[1, 8]"), std::string::npos) << error_of(t);
+  t.every_row = {};
+  t.row_first = {0, 0, 0};
+  EXPECT_NE(error_of(t).find("3 row offsets for F32[1, 8]"), std::string::npos) << error_of(t);
+  t.row_first = {0, 1};
+  EXPECT_NE(error_of(t).find("do not span the 0 own entries"), std::string::npos) << error_of(t);
+  t.row_first = {0, 1};
+  t.own = {3 | PenaltyTokens::kPresence};
+  EXPECT_EQ(error_of(t), "no error");
+}
+
+// Every form LogitRows reads rows in serves a request with penalties: the rows are penalised
+// where they are, then each form gives the distribution of the whole row penalised on the host
+// (token_distribution with the row's history), row by row of a causal block.
+TEST(Penalties, EveryFormGivesThePenalisedRowsDistribution) {
+  auto cpu = make_cpu_backend();
+  const int rows = 6, vocab = 3000;
+  const PenaltyBlock pb;
+  const std::vector<float> host = penalty_test_rows(rows, vocab);
+  SamplingParams greedy, top_k, top_p, min_p, alone, wide_k;
+  top_k.temperature = 0.8, top_k.top_k = 40;
+  top_p.temperature = 0.7, top_p.top_p = 0.9;
+  min_p.temperature = 1.0, min_p.min_p = 0.05;
+  alone.temperature = 1.2;
+  wide_k.temperature = 0.9, wide_k.top_k = 2000;  // past the device's top-k buffer: rows read whole
+  for (const char* env : {"", "device"})
+    for (SamplingParams sp : {greedy, top_k, top_p, min_p, alone, wide_k}) {
+      sp.repetition_penalty = 1.4;
+      sp.presence_penalty = 0.6;
+      SCOPED_TRACE(std::string("DFLASH_LOGIT_ROWS=") + env + " T " + std::to_string(sp.temperature) + " top_k " +
+                   std::to_string(sp.top_k) + " top_p " + std::to_string(sp.top_p) + " min_p " +
+                   std::to_string(sp.min_p));
+      setenv("DFLASH_LOGIT_ROWS", env, 1);
+      LogitRows lr(*cpu, sp, vocab);
+      unsetenv("DFLASH_LOGIT_ROWS");
+      Tensor t = cpu->upload(host.data(), rows, vocab);
+      lr.read(t, pb.block());
+      Rng rng(1);
+      for (int r = 0; r < rows; ++r) {
+        const TokenDistribution want =
+            nonzero(token_distribution(host.data() + size_t(r) * vocab, vocab, sp, pb.row(r)));
+        if (sp.greedy()) {
+          EXPECT_EQ(lr.choose(r, rng), want.ids[0]) << "row " << r;
+          continue;
+        }
+        const TokenDistribution got = nonzero(lr.law(r).support());
+        ASSERT_EQ(got.ids, want.ids) << "row " << r;
+        for (size_t j = 0; j < want.ids.size(); ++j)
+          EXPECT_NEAR(got.probs[j], want.probs[j], 1e-5 * want.probs[j]) << "row " << r << " token " << want.ids[j];
+      }
+    }
+}
+
+// The repetition penalty against transformers' RepetitionPenaltyLogitsProcessor (the golden's
+// penalty cases) through LogitRows, the rows penalised by the backend, in the forms the CPU
+// reads (candidates, whole rows) and those the GPU leaves on the device (forced here).
+TEST(Penalties, KeepTransformersTokens) {
+  auto cpu = make_cpu_backend();
+  const auto g = read_json_file(source_path("testdata/sampling/warpers_golden.json"));
+  const int vocab = g["vocab"].get<int>();
+  int cases = 0;
+  for (const auto& c : g["cases"]) {
+    const GoldenCase gc = golden_case(c);
+    if (gc.history.empty()) continue;
+    const auto want = c["kept"].get<std::vector<int32_t>>();
+    const auto want_p = c["probs"].get<std::vector<double>>();
+    const auto logits = golden_logits(gc.row, vocab);
+    for (const char* env : {"", "device"}) {
+      SCOPED_TRACE(gc.name() + " DFLASH_LOGIT_ROWS=" + env);
+      setenv("DFLASH_LOGIT_ROWS", env, 1);
+      LogitRows lr(*cpu, gc.sp, vocab);
+      unsetenv("DFLASH_LOGIT_ROWS");
+      Tensor t = cpu->upload(logits.data(), 1, vocab);
+      lr.read(t, TokenHistory{&gc.history});
+      const TokenDistribution got = lr.law(0).support();
+      ASSERT_EQ(got.ids, want);
+      for (size_t j = 0; j < want.size(); ++j)
+        EXPECT_NEAR(got.probs[j], want_p[j], 1e-6 + 2e-5 * want_p[j]) << "token " << want[j];
+    }
+    ++cases;
+  }
+  EXPECT_GE(cases, 4) << "the golden has too few repetition-penalty cases";
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "engine/acceptance.h"
 #include "engine/generation.h"
@@ -182,6 +183,29 @@ TEST(SpeculativeSampling, DistributionEqualsPlainSamplingWithTopPLawsLeftInPlace
     EXPECT_GT(homogeneity_p_value(run.plain, run.spec, run.n, run.n), 0.001) << "top_p " << top_p << " min_p " << min_p;
   }
   unsetenv("DFLASH_LOGIT_ROWS");
+}
+
+// With penalties every row is penalised where it is (Backend::apply_penalties): a
+// verification's rows for the drafts before them, the draft's for the committed tokens only, so
+// q is not the target's kind of law; the acceptance rule makes the output p's all the same.
+// Strong penalties on the vocabulary-16 pair make plain sampling almost never repeat a token,
+// so a verification row that missed the drafts before it would show up as repeats.
+TEST(SpeculativeSampling, DistributionEqualsPlainSamplingWithPenalties) {
+  Pair pair("qwen3-vocab16-f32", "dflash-qwen3-vocab16-f32");
+  for (const char* env : {"", "device"})
+    for (const auto& [top_p, repetition, presence] :
+         std::vector<std::tuple<double, double, double>>{{1.0, 2.0, 3.0}, {0.9, 1.0, 4.0}}) {
+      setenv("DFLASH_LOGIT_ROWS", env, 1);
+      SamplingParams sp;
+      sp.temperature = 1.0;
+      sp.top_p = top_p;
+      sp.repetition_penalty = repetition;
+      sp.presence_penalty = presence;
+      const auto run = sample_first_three(pair, sp, 10000, nullptr);
+      unsetenv("DFLASH_LOGIT_ROWS");
+      EXPECT_GT(homogeneity_p_value(run.plain, run.spec, run.n, run.n), 0.001)
+          << "DFLASH_LOGIT_ROWS=" << env << " top_p " << top_p << " repetition " << repetition << " presence " << presence;
+    }
 }
 
 // A classic bug: after a rejection, draw the replacement from p instead of max(0, p − q).

@@ -17,6 +17,10 @@ without top-k tens of thousands of candidates, after top-k tens.
 Warpers, in the order generate applies them: TemperatureLogitsWarper, TopKLogitsWarper,
 TopPLogitsWarper, MinPLogitsWarper (each only when set), then softmax in float32. Stored per
 case: the surviving token ids (ascending) and their probabilities.
+
+Penalty cases: RepetitionPenaltyLogitsProcessor first, as generate applies it before the
+warpers, over a history stored with the case (the row's 24 largest logits, whose values are
+positive, and 24 of its negative ones, some twice).
 """
 import argparse
 import json
@@ -24,8 +28,8 @@ import os
 
 import torch
 import transformers
-from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
-                                                     TopKLogitsWarper, TopPLogitsWarper)
+from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 VOCAB = 32000
 ROWS = 3
@@ -39,6 +43,20 @@ CASES = [
     (0.8, 0, 1.0, 0.05),
     (1.2, 200, 0.8, 0.0),
 ]
+
+# (temperature, top_k, top_p, min_p, repetition_penalty)
+PENALTY_CASES = [
+    (0.7, 0, 0.9, 0.0, 1.3),
+    (1.0, 50, 1.0, 0.0, 1.2),
+    (0.8, 0, 1.0, 0.05, 1.5),
+    (1.0, 20, 0.95, 0.0, 0.8),
+]
+
+
+def history_of(row):
+    order = torch.argsort(row, descending=True, stable=True).tolist()
+    negative = [i for i in range(0, 4000, 97) if row[i].item() < 0][:24]
+    return order[:24] + negative + negative[:8]
 
 
 def logits_row(r):
@@ -58,9 +76,12 @@ def main():
     cases = []
     for r in range(ROWS):
         row = logits_row(r)
-        for t, k, p, mp in CASES:
+        for t, k, p, mp, rp in [c + (1.0,) for c in CASES] + PENALTY_CASES:
             x = row.clone().unsqueeze(0)
-            ids = torch.zeros((1, 1), dtype=torch.long)
+            history = history_of(row) if rp != 1.0 else []
+            ids = torch.tensor([history or [0]], dtype=torch.long)
+            if rp != 1.0:
+                x = RepetitionPenaltyLogitsProcessor(penalty=rp)(ids, x)
             x = TemperatureLogitsWarper(t)(ids, x)
             if k > 0:
                 x = TopKLogitsWarper(top_k=k)(ids, x)
@@ -70,9 +91,12 @@ def main():
                 x = MinPLogitsWarper(min_p=mp)(ids, x)
             probs = torch.softmax(x[0], dim=-1)
             kept = torch.nonzero(probs > 0).flatten().tolist()
-            cases.append({"row": r, "temperature": t, "top_k": k, "top_p": p, "min_p": mp, "kept": kept,
-                          "probs": [float(f"{probs[i].item():.8g}") for i in kept]})
-            print(f"row {r} T {t} k {k} p {p} min_p {mp}: {len(kept)} tokens kept")
+            case = {"row": r, "temperature": t, "top_k": k, "top_p": p, "min_p": mp}
+            if rp != 1.0:
+                case.update({"repetition_penalty": rp, "history": history})
+            case.update({"kept": kept, "probs": [float(f"{probs[i].item():.8g}") for i in kept]})
+            cases.append(case)
+            print(f"row {r} T {t} k {k} p {p} min_p {mp} repetition {rp}: {len(kept)} tokens kept")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"generator": "tools/make_sampling_golden.py", "torch": torch.__version__,

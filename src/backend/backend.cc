@@ -311,6 +311,56 @@ std::vector<RowLaw> Backend::top_p_laws(const Tensor& logits, float inv_t, float
   return out;
 }
 
+void Backend::check_penalty_tokens(const Tensor& logits, const PenaltyTokens& t) {
+  const std::string op = "apply_penalties: ";
+  if (logits.dtype != DType::F32) throw Error(op + "logits " + logits.describe() + " are not F32");
+  if (t.row_first.empty() || int64_t(t.row_first.size()) - 1 > logits.rows)
+    throw Error(op + std::to_string(t.row_first.size()) + " row offsets for " + logits.describe());
+  if (t.row_first.front() != 0 || t.row_first.back() != int64_t(t.own.size()))
+    throw Error(op + "row offsets do not span the " + std::to_string(t.own.size()) + " own entries");
+  for (size_t r = 1; r < t.row_first.size(); ++r)
+    if (t.row_first[r] < t.row_first[r - 1]) throw Error(op + "row offset " + std::to_string(r) + " goes back");
+  auto check = [&](const std::vector<uint32_t>& list, const char* name) {
+    for (size_t i = 0; i < list.size(); ++i)
+      if (int64_t(list[i] & PenaltyTokens::kId) >= logits.cols)
+        throw Error(op + name + " entry " + std::to_string(i) + ": id " + std::to_string(list[i] & PenaltyTokens::kId) +
+                    " outside " + logits.describe());
+  };
+  check(t.every_row, "every_row");
+  check(t.own, "own");
+}
+
+void Backend::penalise_row(float* row, int64_t r, const PenaltyTokens& t) {
+  // Each penalty in its own pass through memory, as apply_penalties applies them: each step
+  // rounds, and x · repetition − presence is never fused into one rounding.
+  auto pass = [&](const uint32_t* e, const uint32_t* end, uint32_t which) {
+    for (; e != end; ++e) {
+      if (!(*e & which)) continue;
+      float& x = row[*e & PenaltyTokens::kId];
+      if (which == PenaltyTokens::kRepetition) x = x < 0 ? x * t.repetition : x / t.repetition;
+      else x -= t.presence;
+    }
+  };
+  const uint32_t* all = t.every_row.data();
+  const uint32_t* own = t.own.data() + t.row_first[size_t(r)];
+  const uint32_t* own_end = t.own.data() + t.row_first[size_t(r) + 1];
+  pass(all, all + t.every_row.size(), PenaltyTokens::kRepetition);
+  pass(all, all + t.every_row.size(), PenaltyTokens::kPresence);
+  pass(own, own_end, PenaltyTokens::kRepetition);
+  pass(own, own_end, PenaltyTokens::kPresence);
+}
+
+void Backend::apply_penalties(Tensor& logits, const PenaltyTokens& t) {
+  check_penalty_tokens(logits, t);
+  const int64_t rows = int64_t(t.row_first.size()) - 1;
+  if (rows == 0) return;
+  Tensor part = logits.slice_rows(0, rows);
+  std::vector<float> host(size_t(rows * part.cols));
+  download(part, host.data());
+  for (int64_t r = 0; r < rows; ++r) penalise_row(host.data() + r * part.cols, r, t);
+  copy(upload(host.data(), rows, part.cols), part);
+}
+
 void Backend::check_top_p(float top_p, float min_p, const char* op) {
   if (!(top_p > 0.f && top_p <= 1.f))
     throw Error(std::string(op) + ": top_p " + std::to_string(top_p) + " outside (0, 1]");

@@ -87,6 +87,21 @@ struct RowDraw {
   RowLaw law;          // the row's law, which the draw computed first
 };
 
+// Repetition and presence penalties for rows of logits that stay where they are
+// (Backend::apply_penalties): token ids, each with the penalties it takes (kRepetition: x < 0 ?
+// x · repetition : x / repetition, then kPresence: x − presence; apply_penalties in
+// engine/sampling.cc, term for term). `every_row`'s apply to each row first, then row r's own,
+// own[row_first[r] … row_first[r + 1]): the penalties a token earns from the tokens before row r
+// that `every_row` did not give it (a drafted block's rows see one more token each).
+// engine/sampling.h's penalty_tokens builds them. Each id at most once in each list.
+struct PenaltyTokens {
+  static constexpr uint32_t kRepetition = 1u << 30, kPresence = 1u << 31, kId = (1u << 30) - 1;
+  std::vector<uint32_t> every_row;
+  std::vector<uint32_t> own;
+  std::vector<int32_t> row_first;  // rows + 1 offsets into own
+  float repetition = 1.f, presence = 0.f;
+};
+
 // Token ids on their way back to the host (Backend::read_ids): get() waits for them.
 class PendingIds {
  public:
@@ -178,6 +193,15 @@ class Backend {
   static void check_top_p(float top_p, float min_p, const char* op);
   virtual int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits,
                                    int64_t rq, const RowLaw& lq, float inv_t, double u);
+
+  // Penalises rows 0 … t.row_first.size() − 2 of F32 logits in place (PenaltyTokens), so that
+  // a sampler with penalties can read the rows in any form it reads unpenalised ones. The
+  // default downloads the rows, penalises them on the host and copies them back.
+  virtual void apply_penalties(Tensor& logits, const PenaltyTokens& t);
+  // apply_penalties' argument check, shared by every backend: the error names the entry.
+  static void check_penalty_tokens(const Tensor& logits, const PenaltyTokens& t);
+  // apply_penalties of one row where it is in host memory.
+  static void penalise_row(float* row, int64_t r, const PenaltyTokens& t);
 
   // Steps queued ahead of the host (the engine's greedy loops): token ids stay where the
   // backend keeps them between one pass's choice and the next pass's embedding, so the host can

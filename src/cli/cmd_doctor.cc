@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -625,6 +626,41 @@ class Doctor {
     row("top_p_laws", shape("logits", rows, cols) + what, err, err, 1e-6, wrong == 0 && err <= 1e-6, law_us, note);
   }
 
+  // Repetition and presence penalties on a block of rows where they are (the rows a sampler with
+  // penalties then reads as it reads any): a history of `history` tokens with repeats, drafts
+  // repeating it, each row against the CPU's bit for bit. Error: 1 for any differing logit.
+  void penalties(int64_t rows, int64_t cols, int history, float repetition, float presence) {
+    std::uniform_real_distribution<float> u(-6.f, 6.f);
+    std::vector<float> host(size_t(rows * cols));
+    for (auto& v : host) v = u(rng_);
+    std::vector<int32_t> prompt, output, drafts;
+    for (int i = 0; i < history; ++i) prompt.push_back(int32_t(rng_() % uint64_t(std::min<int64_t>(cols, 5000))));
+    for (int i = 0; i < history / 8; ++i) output.push_back(int32_t(rng_() % uint64_t(cols)));
+    for (int64_t r = 1; r < rows; ++r) drafts.push_back(r % 2 ? prompt[size_t(r)] : int32_t(rng_() % uint64_t(cols)));
+    SamplingParams sp;
+    sp.repetition_penalty = repetition;
+    sp.presence_penalty = presence;
+    const PenaltyTokens tokens =
+        penalty_tokens(sp, int(cols), TokenHistory{&prompt, &output, drafts.data(), int(drafts.size())}, int(rows));
+    Tensor xt = t_.upload(host.data(), rows, cols), xr = r_.upload(host.data(), rows, cols);
+    const auto t0 = std::chrono::steady_clock::now();
+    t_.apply_penalties(xt, tokens);
+    std::vector<float> got(host.size()), want(host.size());
+    t_.download(xt, got.data());
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    r_.apply_penalties(xr, tokens);
+    r_.download(xr, want.data());
+    int64_t wrong = 0;
+    for (size_t i = 0; i < got.size(); ++i) wrong += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    const double err = wrong ? 1 : 0;
+    char note[120];
+    std::snprintf(note, sizeof note, "%zu + %zu entries, bit for bit (µs: with the rows' download)",
+                  tokens.every_row.size(), tokens.own.size());
+    char what[64];
+    std::snprintf(what, sizeof what, " repetition %.2f presence %.2f", repetition, presence);
+    row("apply_penalties", shape("logits", rows, cols) + what, err, err, 0, wrong == 0, us, note);
+  }
+
   // A whole target on both backends: a 40-row prefill (cuBLAS on the GPU) then 8 decode
   // steps (the skinny path), every row's logits compared; bf16 weights and activations
   // through every layer put these further apart than any single op.
@@ -827,6 +863,9 @@ int run_doctor(const DoctorArgs& a) {
   d.top_p_law(3, 4160, 0.5f, 0.f, 0.6f, true);
   d.top_p_law(16, 151936, 1.f, 0.3f, 1.0f, false);
   d.top_p_law(4, 151936, 0.95f, 0.5f, 0.7f, true);
+  d.penalties(16, 151936, 3000, 1.3f, 0.f);
+  d.penalties(1, 151936, 3000, 1.1f, 1.5f);
+  d.penalties(16, 4160, 200, 0.8f, -0.5f);
 
   for (const auto& m : a.models) d.model(m);
 

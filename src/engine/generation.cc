@@ -61,8 +61,8 @@ GenerationResult Engine::generate_plain(const GenerationRequest& r) {
   Stopwatch total;
   SequenceState state = target_.new_sequence(capacity);
   auto next_token = [&](const Tensor& last_logits) {
-    rows.read(last_logits);
-    return rows.choose(0, {&r.prompt, &out.tokens()}, rng);
+    rows.read(last_logits, {&r.prompt, &out.tokens()});
+    return rows.choose(0, rng);
   };
   ForwardOutput fwd = target_.forward(state, r.prompt, false);
   int32_t token = next_token(fwd.logits);

@@ -85,16 +85,19 @@ class DeviceRowLaw final : public TokenLaw {
 LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
     : backend_(b),
       sp_(sp),
+      penalty_(sp),
       vocab_(vocab),
       inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)),
       penalties_(sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0) {
-  const bool sampled = !sp.greedy() && !penalties_, every_k = sp.top_k == 0 || sp.top_k >= vocab;
+  sp_.repetition_penalty = 1.0;
+  sp_.presence_penalty = 0.0;
+  const bool sampled = !sp.greedy(), every_k = sp.top_k == 0 || sp.top_k >= vocab;
   // Temperature alone: no candidate set is smaller than the row.
   const bool temperature_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p == 0.0;
   // Min-p alone: its cut is a value (Backend::top_p_laws), so every row is a law on the device.
   const bool min_p_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p > 0.0;
   const bool on_gpu = b.device() != DeviceKind::CPU;
-  if (sp.argmax_only()) form_ = Form::Argmax;
+  if (sp.greedy()) form_ = Form::Argmax;
   else if (sampled && !every_k && sp.top_k <= kMaxDeviceTopK) form_ = Form::TopK;
   else if (sampled && every_k && sp.top_p < 1.0) form_ = Form::TopP;
   // Rows stay where they are, unless they are on the host already (there the host's own pass
@@ -102,13 +105,13 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
   else if (temperature_alone && on_gpu) form_ = Form::DeviceRows;
   else if (min_p_alone && on_gpu) form_ = Form::TopP;
   else form_ = Form::Rows;
-  // DFLASH_LOGIT_ROWS=whole reads every sampled row whole (as before the candidate and device
-  // forms: measuring); =device keeps temperature-alone rows, and every top-p or min-p row
+  // DFLASH_LOGIT_ROWS=whole reads every sampled or penalised row whole (as before the candidate
+  // and device forms: measuring); =device keeps temperature-alone rows, and every top-p or min-p row
   // whatever its candidates, where they are on any backend (measuring, and the CPU tests of
   // those forms). The same distributions either way.
   const char* e = std::getenv("DFLASH_LOGIT_ROWS");
   const std::string env = e ? e : "";
-  if (env == "whole" && form_ != Form::Argmax) form_ = Form::Rows;
+  if (env == "whole" && (form_ != Form::Argmax || penalties_)) form_ = Form::Rows;
   if (env == "device" && temperature_alone) form_ = Form::DeviceRows;
   if (env == "device" && min_p_alone) form_ = Form::TopP;
   // A top-p row whose nucleus is over the candidate cap keeps its law (Backend::top_p_laws)
@@ -117,39 +120,44 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
   every_row_a_law_ = form_ == Form::TopP && (min_p_alone || env == "device");
 }
 
-void LogitRows::read(const Tensor& logits) {
+void LogitRows::read(const Tensor& logits, const TokenHistory& h) {
   if (logits.cols != vocab_)
     throw Error("logit rows: " + logits.describe() + " for a vocabulary of " + std::to_string(vocab_));
   logits_ = logits;
-  row_read_.assign(size_t(logits.rows), 0);
+  if (penalties_) {  // on a copy, so that the caller's logits stay as they were
+    logits_ = backend_.alloc(logits.rows, logits.cols, DType::F32);
+    backend_.copy(logits, logits_);
+    backend_.apply_penalties(logits_, penalty_tokens(penalty_, vocab_, h, int(logits.rows)));
+  }
+  row_read_.assign(size_t(logits_.rows), 0);
   laws_.clear();
-  laws_.resize(size_t(logits.rows));
+  laws_.resize(size_t(logits_.rows));
   switch (form_) {
     case Form::Argmax:
-      argmax_ = backend_.argmax_rows(logits);
+      argmax_ = backend_.argmax_rows(logits_);
       break;
     case Form::TopK:
-      candidates_ = backend_.top_k_rows(logits, sp_.top_k, inv_t_, 4 * sp_.top_k + 64);
+      candidates_ = backend_.top_k_rows(logits_, sp_.top_k, inv_t_, 4 * sp_.top_k + 64);
       break;
     case Form::TopP: {
       top_p_laws_.clear();
       const float top_p = static_cast<float>(sp_.top_p), min_p = static_cast<float>(sp_.min_p);
       if (every_row_a_law_) {
-        candidates_.assign(size_t(logits.rows), CandidateRow{});
-        top_p_laws_ = backend_.top_p_laws(logits, inv_t_, top_p, min_p);
+        candidates_.assign(size_t(logits_.rows), CandidateRow{});
+        top_p_laws_ = backend_.top_p_laws(logits_, inv_t_, top_p, min_p);
         break;
       }
-      candidates_ = backend_.top_p_rows(logits, inv_t_, top_p, kMaxTopPCandidates);
+      candidates_ = backend_.top_p_rows(logits_, inv_t_, top_p, kMaxTopPCandidates);
       const bool overflow =
           std::any_of(candidates_.begin(), candidates_.end(), [](const CandidateRow& c) { return c.ids.empty(); });
-      if (overflow && laws_on_device_) top_p_laws_ = backend_.top_p_laws(logits, inv_t_, top_p, min_p);
+      if (overflow && laws_on_device_) top_p_laws_ = backend_.top_p_laws(logits_, inv_t_, top_p, min_p);
       break;
     }
     case Form::DeviceRows:  // nothing yet: each law comes with the first trip that needs it
       break;
     case Form::Rows:
-      rows_.resize(size_t(logits.rows * logits.cols));
-      backend_.download(logits, rows_.data());
+      rows_.resize(size_t(logits_.rows * logits_.cols));
+      backend_.download(logits_, rows_.data());
       std::fill(row_read_.begin(), row_read_.end(), 1);
       break;
   }
@@ -172,15 +180,15 @@ bool LogitRows::on_device(int r) const {
   return form_ == Form::DeviceRows || (!top_p_laws_.empty() && !has_candidates(r));
 }
 
-std::unique_ptr<TokenLaw> LogitRows::support_law(int r, const TokenHistory& h) const {
+std::unique_ptr<TokenLaw> LogitRows::support_law(int r) const {
   if (has_candidates(r)) {
     const CandidateRow& c = candidates_[size_t(r)];
     return std::make_unique<SupportLaw>(distribution_of_candidates(c.ids, c.scaled, sp_, c.row_mass));
   }
-  return std::make_unique<SupportLaw>(token_distribution(rows_.data() + size_t(r) * vocab_, vocab_, sp_, h));
+  return std::make_unique<SupportLaw>(token_distribution(rows_.data() + size_t(r) * vocab_, vocab_, sp_, {}));
 }
 
-const TokenLaw& LogitRows::law(int r, const TokenHistory& h) {
+const TokenLaw& LogitRows::law(int r) {
   std::unique_ptr<TokenLaw>& law = laws_[size_t(r)];
   if (law) return *law;
   if (on_device(r)) {
@@ -189,7 +197,7 @@ const TokenLaw& LogitRows::law(int r, const TokenHistory& h) {
     law = std::make_unique<DeviceRowLaw>(backend_, logits_, r, inv_t_, top_p_law);
   } else {
     if (!has_candidates(r)) row(r);
-    law = support_law(r, h);
+    law = support_law(r);
   }
   return *law;
 }
@@ -200,7 +208,7 @@ void LogitRows::build_laws(int n) {
   for (int r = 0; r < n; ++r) {
     if (laws_[size_t(r)]) continue;
     if (on_device(r)) {  // nothing to build on the host
-      law(r, TokenHistory{});
+      law(r);
       continue;
     }
     todo.push_back(r);
@@ -216,7 +224,7 @@ void LogitRows::build_laws(int n) {
 #pragma omp parallel for schedule(dynamic) if (whole > 1 && int64_t(whole) * vocab_ > (1 << 18))
   for (size_t i = 0; i < todo.size(); ++i) {
     try {
-      laws_[size_t(todo[i])] = support_law(todo[i], TokenHistory{});
+      laws_[size_t(todo[i])] = support_law(todo[i]);
     } catch (...) {
       errors[i] = std::current_exception();
     }
@@ -225,9 +233,9 @@ void LogitRows::build_laws(int n) {
     if (e) std::rethrow_exception(e);
 }
 
-const DeviceRowLaw& LogitRows::device_law(int r) { return static_cast<const DeviceRowLaw&>(law(r, {})); }
+const DeviceRowLaw& LogitRows::device_law(int r) { return static_cast<const DeviceRowLaw&>(law(r)); }
 
-void LogitRows::choose_rows(int32_t* out, int n, const std::function<TokenHistory(int r)>& history, Rng& rng) {
+void LogitRows::choose_rows(int32_t* out, int n, Rng& rng) {
   bool all_on_device = n > 0;
   for (int r = 0; r < n && all_on_device; ++r) all_on_device = on_device(r);
   if (all_on_device) {
@@ -239,11 +247,11 @@ void LogitRows::choose_rows(int32_t* out, int n, const std::function<TokenHistor
     for (int r = 0; r < n; ++r) out[r] = device_law(r).take(drawn[size_t(r)]);
     return;
   }
-  // Without penalties a sampled row's law does not depend on the tokens drawn before it, so the
-  // block's laws can be built at once, on every core, before the draws take their uniforms in
-  // row order: the same laws, the same tokens.
-  if (!sp_.greedy() && !penalties_) build_laws(n);
-  for (int r = 0; r < n; ++r) out[r] = sp_.greedy() ? choose(r, history(r), rng) : law(r, history(r)).draw(rng);
+  // A row's law does not depend on the tokens drawn before it (read() penalised the rows), so
+  // the block's laws can be built at once, on every core, before the draws take their uniforms
+  // in row order: the same laws, the same tokens.
+  if (!sp_.greedy()) build_laws(n);
+  for (int r = 0; r < n; ++r) out[r] = sp_.greedy() ? choose(r, rng) : law(r).draw(rng);
 }
 
 void LogitRows::look_up(const int32_t* ids, int n) {
@@ -262,10 +270,10 @@ void LogitRows::look_up(const int32_t* ids, int n) {
   for (int r = 0; r < n; ++r) device_law(r).know(ids[r], got.scaled[size_t(r)]);
 }
 
-int32_t LogitRows::choose(int r, const TokenHistory& h, Rng& rng) {
+int32_t LogitRows::choose(int r, Rng& rng) {
   if (form_ == Form::Argmax) return argmax_[size_t(r)];
-  if (form_ != Form::Rows) return law(r, h).draw(rng);
-  return choose_token(row(r), vocab_, sp_, h, rng);
+  if (form_ != Form::Rows) return law(r).draw(rng);
+  return choose_token(row(r), vocab_, sp_, {}, rng);
 }
 
 int32_t LogitRows::argmax(int r) {

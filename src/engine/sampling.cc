@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "backend/backend.h"
@@ -38,6 +39,40 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
     for (int i = 0; i < h.extra_count; ++i) if (h.extra[i] >= 0 && h.extra[i] < vocab) seen.insert(h.extra[i]);
     for (int32_t t : seen) logits[t] -= static_cast<float>(p.presence_penalty);
   }
+}
+
+PenaltyTokens penalty_tokens(const SamplingParams& p, int vocab, const TokenHistory& h, int rows) {
+  PenaltyTokens t;
+  t.repetition = static_cast<float>(p.repetition_penalty);
+  t.presence = static_cast<float>(p.presence_penalty);
+  const uint32_t repeated = p.repetition_penalty != 1.0 ? PenaltyTokens::kRepetition : 0;
+  const uint32_t output = repeated | (p.presence_penalty != 0.0 ? PenaltyTokens::kPresence : 0);
+  std::unordered_map<int32_t, uint32_t> given;  // what every row's entries give each token
+  auto mark = [&](int32_t id, uint32_t flags) {
+    if (id >= 0 && id < vocab && flags) given[id] |= flags;
+  };
+  if (h.prompt) for (int32_t id : *h.prompt) mark(id, repeated);
+  if (h.output) for (int32_t id : *h.output) mark(id, output);
+  for (const auto& [id, flags] : given) t.every_row.push_back(uint32_t(id) | flags);
+  std::sort(t.every_row.begin(), t.every_row.end(),
+            [](uint32_t a, uint32_t b) { return (a & PenaltyTokens::kId) < (b & PenaltyTokens::kId); });
+  // Row r's own entries are row r − 1's and what its extra token adds (drafts are output).
+  std::vector<uint32_t> added;
+  t.row_first.push_back(0);
+  for (int r = 0; r < rows; ++r) {
+    if (r > 0 && r <= h.extra_count) {
+      const int32_t id = h.extra[r - 1];
+      if (id >= 0 && id < vocab) {
+        uint32_t& have = given[id];
+        const uint32_t add = output & ~have;
+        if (add) added.push_back(uint32_t(id) | add);
+        have |= add;
+      }
+    }
+    t.own.insert(t.own.end(), added.begin(), added.end());
+    t.row_first.push_back(static_cast<int32_t>(t.own.size()));
+  }
+  return t;
 }
 
 // The warpers keep a shrinking set of candidate tokens (ascending ids, with their scaled

@@ -9,6 +9,8 @@
 
 namespace dflash {
 
+struct PenaltyTokens;  // backend/backend.h
+
 struct SamplingParams {
   double temperature = 0.0;  // 0 → greedy
   int top_k = 0;             // 0 → off
@@ -89,6 +91,10 @@ class SupportLaw final : public TokenLaw {
 
 // In place on one row of `vocab` logits.
 void apply_penalties(float* logits, int vocab, const SamplingParams& p, const TokenHistory& h);
+// apply_penalties for `rows` rows of a causal block, as Backend::apply_penalties takes them: row
+// r's history is h with its first min(r, h.extra_count) extra tokens (a verification's rows see
+// the drafts before them; with no extra, every row sees h).
+PenaltyTokens penalty_tokens(const SamplingParams& p, int vocab, const TokenHistory& h, int rows);
 
 // The distribution the request samples from, after penalties and warpers; greedy gives the
 // argmax alone, with probability 1.

@@ -35,15 +35,14 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   BlockController blocks(block_size_, options_.adaptive, &history_);
   for (auto& e : blocks.take_events()) st.adaptive_events.push_back(e);
   const AcceptanceRule& rule = options_.acceptance ? *options_.acceptance : exact_acceptance_rule();
-  auto history = [&](const int32_t* extra, int count) {  // penalties see committed + drafted tokens
-    return TokenHistory{&r.prompt, &out.tokens(), extra, count};
-  };
+  // Penalties see the committed tokens, and in a verification each row the drafts before it.
+  auto history = [&](const int32_t* extra, int count) { return TokenHistory{&r.prompt, &out.tokens(), extra, count}; };
   // Rows leave the device in the least the sampler needs (logit_rows.h): a greedy verification
   // step moves B token ids instead of B·vocab floats, a sampled one candidates or single draws.
   LogitRows target_rows(b, sp, vocab), draft_rows(b, sp, vocab);
   auto choose_last = [&](const Tensor& last_logits) {
-    target_rows.read(last_logits);
-    return target_rows.choose(0, history(nullptr, 0), rng);
+    target_rows.read(last_logits, history(nullptr, 0));
+    return target_rows.choose(0, rng);
   };
 
   Stopwatch total;
@@ -122,23 +121,26 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
       Tensor dl = drafter_->draft(drafter_state, anchor, draft_block_, B);
       q.resize(B);
-      draft_rows.read(dl);
+      // The draft's rows are penalised for the committed tokens only: a draft row's penalties
+      // for the drafts before it would need each draw before the next row's law. Any q is
+      // exact (section 5's rule corrects it); this one only accepts a little less often.
+      draft_rows.read(dl, history(nullptr, 0));
       // d_i from row i − 1, in order (a sampled d_i is a draw from q_i); one call for the
       // block where the rows stay on the device.
-      draft_rows.choose_rows(block.data() + 1, B - 1, [&](int row) { return history(block.data() + 1, row); }, rng);
+      draft_rows.choose_rows(block.data() + 1, B - 1, rng);
       if (!greedy)
-        for (int i = 1; i < B; ++i) q[i] = &draft_rows.law(i - 1, history(block.data() + 1, i - 1));
+        for (int i = 1; i < B; ++i) q[i] = &draft_rows.law(i - 1);
       draft_seconds = step_time.seconds();
 
       // Section 5: the target runs the block causally; row i − 1 predicts position s + i.
       v = target_.forward(target_state, block, true, feature_layers);
-      target_rows.read(v.logits);
+      target_rows.read(v.logits, history(block.data() + 1, B - 1));
       if (!greedy) target_rows.look_up(block.data() + 1, B - 1);  // every p(d_i) in one trip
     }
     // Greedy acceptance against the target's choice of row i − 1, however it was computed.
     auto target_choice = [&](int row_index) {
       if (ids_on_device) return choices[size_t(row_index)];
-      return target_rows.choose(row_index, history(block.data() + 1, row_index), rng);
+      return target_rows.choose(row_index, rng);
     };
     int accepted = 0;  // a: the longest accepted prefix of d1 … d(B−1)
     int32_t next_anchor = -1;
@@ -150,7 +152,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
           break;
         }
       } else {
-        const TokenLaw& p = target_rows.law(i - 1, history(block.data() + 1, i - 1));
+        const TokenLaw& p = target_rows.law(i - 1);
         if (!rule.accept(p, *q[i], block[i], rng)) {
           next_anchor = rule.replacement(p, *q[i], rng);
           break;

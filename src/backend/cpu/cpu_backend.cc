@@ -380,6 +380,11 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void apply_penalties(Tensor& logits, const PenaltyTokens& t) override {
+    check_penalty_tokens(logits, t);
+    for (int64_t r = 0; r + 1 < int64_t(t.row_first.size()); ++r) penalise_row(logits.ptr<float>() + r * logits.ld, r, t);
+  }
+
   std::vector<int32_t> argmax_rows(const Tensor& x) override {
     std::vector<int32_t> out(x.rows);
     for (int64_t r = 0; r < x.rows; ++r) {

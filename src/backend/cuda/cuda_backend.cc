@@ -558,6 +558,8 @@ class CudaBackend final : public Backend {
     return sampling_->draw_from_excess(p_logits, rp, lp, q_logits, rq, lq, inv_t, u);
   }
 
+  void apply_penalties(Tensor& logits, const PenaltyTokens& t) override { sampling_->apply_penalties(logits, t); }
+
   std::vector<int32_t> argmax_rows(const Tensor& x) override {
     expect(x, DType::F32, "argmax_rows", "x");
     std::vector<int32_t> out(size_t(x.rows));

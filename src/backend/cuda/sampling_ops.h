@@ -1,8 +1,8 @@
 #pragma once
 // The CUDA backend's sampling ops (Backend::top_k_rows, top_p_rows, row_laws, scaled_at,
-// draw_from_rows, top_p_laws, draw_from_excess): each queues its kernels (candidates.cu,
-// row_law.cu) on the backend's stream and brings back only what the sampler needs, in one copy
-// and one wait (read_back.h). The backend checks top_k_rows' and top_p_rows' logits and answers
+// draw_from_rows, top_p_laws, draw_from_excess, apply_penalties): each queues its kernels (candidates.cu,
+// row_law.cu, penalties.cu) on the backend's stream and brings back only what the sampler needs,
+// in one copy and one wait (read_back.h); apply_penalties brings back nothing. The backend checks top_k_rows' and top_p_rows' logits and answers
 // their empty cases (no rows, k or the cap 0) before calling them; the others check their own.
 #include <cuda_runtime.h>
 
@@ -31,6 +31,7 @@ class SamplingOps {
   std::vector<RowLaw> top_p_laws(const Tensor& logits, float inv_t, float top_p, float min_p);
   int32_t draw_from_excess(const Tensor& p_logits, int64_t rp, const RowLaw& lp, const Tensor& q_logits, int64_t rq,
                            const RowLaw& lq, float inv_t, double u);
+  void apply_penalties(Tensor& logits, const PenaltyTokens& t);
 
  private:
   template <typename Launch>
