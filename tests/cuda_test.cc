@@ -823,7 +823,7 @@ TEST(CudaSampling, PenaltiesAreTheHostsBitForBit) {
     cpu->download(on_cpu, c.data());
     int changed = 0;
     for (size_t i = 0; i < host.size(); ++i) changed += std::memcmp(&c[i], &host[i], sizeof(float)) != 0;
-    EXPECT_GT(changed, 1000 * rows);
+    EXPECT_GT(changed, 300 * rows);  // presence alone: the 400 output tokens
     for (int r = 0; r < rows; ++r)
       ASSERT_EQ(std::memcmp(g.data() + size_t(r) * vocab, c.data() + size_t(r) * vocab, size_t(vocab) * sizeof(float)), 0)
           << "row " << r;
