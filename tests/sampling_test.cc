@@ -587,6 +587,44 @@ TEST(Penalties, RowsPenalisedInPlaceAreTheHostsRows) {
   }
 }
 
+// A generation's penalties taken as its history grows (PenaltyHistory: only the new tokens each
+// step) penalise every row as apply_penalties does with the whole history, through output that
+// repeats the prompt, itself and the drafts, and again after it is handed another output.
+TEST(Penalties, AGrowingHistoryPenalisesAsTheWholeHistory) {
+  auto cpu = make_cpu_backend();
+  const int rows = 5, vocab = 600;
+  const std::vector<float> host = penalty_test_rows(rows, vocab);
+  SamplingParams sp;
+  sp.repetition_penalty = 1.3;
+  sp.presence_penalty = 0.4;
+  PenaltyHistory grown(sp, vocab);
+  Rng pick(8);
+  const std::vector<int32_t> prompt = {1, 2, 3, 3, 50, 599, 700};
+  std::vector<int32_t> output, other(100);  // longer than the output it replaces: only its address tells
+  for (size_t i = 0; i < other.size(); ++i) other[i] = int32_t(i % 7 == 0 ? 50 : 100 + i);
+  auto penalised = [&](const PenaltyTokens& t) {
+    Tensor x = cpu->upload(host.data(), rows, vocab);
+    cpu->apply_penalties(x, t);
+    std::vector<float> out(host.size());
+    cpu->download(x, out.data());
+    return out;
+  };
+  for (int step = 0; step < 40; ++step) {
+    const bool another = step == 30;  // the same rows, another output from here on
+    std::vector<int32_t>& out = another || step > 30 ? other : output;
+    for (int k = 0; k < 1 + step % 3; ++k) out.push_back(int32_t(70 + pick.uniform() * 60));
+    const std::vector<int32_t> drafts = {out.back(), 50, 50, int32_t(pick.uniform() * 60)};  // 50: prompt only
+    const TokenHistory h{&prompt, &out, drafts.data(), int(drafts.size())};
+    const std::vector<float> got = penalised(grown.tokens(h, rows));
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> want(host.begin() + size_t(r) * vocab, host.begin() + size_t(r + 1) * vocab);
+      apply_penalties(want.data(), vocab, sp, TokenHistory{&prompt, &out, drafts.data(), std::min(r, 4)});
+      ASSERT_EQ(std::memcmp(want.data(), got.data() + size_t(r) * vocab, want.size() * sizeof(float)), 0)
+          << "step " << step << " row " << r;
+    }
+  }
+}
+
 TEST(Penalties, BadEntriesNameWhatIsWrong) {
   auto cpu = make_cpu_backend();
   const std::vector<float> row(8, 0.5f);

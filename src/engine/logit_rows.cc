@@ -85,10 +85,10 @@ class DeviceRowLaw final : public TokenLaw {
 LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
     : backend_(b),
       sp_(sp),
-      penalty_(sp),
       vocab_(vocab),
       inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)),
       penalties_(sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0) {
+  if (penalties_) penalty_history_.emplace(sp, vocab);
   sp_.repetition_penalty = 1.0;
   sp_.presence_penalty = 0.0;
   const bool sampled = !sp.greedy(), every_k = sp.top_k == 0 || sp.top_k >= vocab;
@@ -127,7 +127,7 @@ void LogitRows::read(const Tensor& logits, const TokenHistory& h) {
   if (penalties_) {  // on a copy, so that the caller's logits stay as they were
     logits_ = backend_.alloc(logits.rows, logits.cols, DType::F32);
     backend_.copy(logits, logits_);
-    backend_.apply_penalties(logits_, penalty_tokens(penalty_, vocab_, h, int(logits.rows)));
+    backend_.apply_penalties(logits_, penalty_history_->tokens(h, int(logits.rows)));
   }
   row_read_.assign(size_t(logits_.rows), 0);
   laws_.clear();

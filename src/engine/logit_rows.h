@@ -29,6 +29,7 @@
 // whole-row path where that token's tail mass is within rounding of 1 − top_p.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -78,7 +79,7 @@ class LogitRows {
 
   Backend& backend_;
   SamplingParams sp_;  // the warpers: read() applies the penalties, and sp_ has none
-  SamplingParams penalty_;  // the request's penalties, when it has some
+  std::optional<PenaltyHistory> penalty_history_;  // the request's penalties, when it has some
   int vocab_;
   float inv_t_;  // 1 / temperature, as the candidate forms scale logits
   bool penalties_;

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "backend/backend.h"
@@ -41,38 +40,65 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
   }
 }
 
-PenaltyTokens penalty_tokens(const SamplingParams& p, int vocab, const TokenHistory& h, int rows) {
+PenaltyHistory::PenaltyHistory(const SamplingParams& p, int vocab)
+    : repetition_(static_cast<float>(p.repetition_penalty)),
+      presence_(static_cast<float>(p.presence_penalty)),
+      repeated_(p.repetition_penalty != 1.0 ? PenaltyTokens::kRepetition : 0),
+      output_flags_(repeated_ | (p.presence_penalty != 0.0 ? PenaltyTokens::kPresence : 0)),
+      vocab_(vocab) {}
+
+void PenaltyHistory::take(int32_t id, uint32_t flags) {
+  if (id < 0 || id >= vocab_ || !flags) return;
+  int32_t& at = at_[size_t(id)];
+  if (at < 0) {
+    at = static_cast<int32_t>(every_row_.size());
+    every_row_.push_back(uint32_t(id));
+  }
+  every_row_[size_t(at)] |= flags;
+}
+
+PenaltyTokens PenaltyHistory::tokens(const TokenHistory& h, int rows) {
+  const size_t prompt_size = h.prompt ? h.prompt->size() : 0, output_size = h.output ? h.output->size() : 0;
+  // Another history than the one taken so far (not the same one grown): start again.
+  if (at_.empty() || h.prompt != prompt_ || h.output != output_ || prompt_size < prompt_taken_ ||
+      output_size < output_taken_) {
+    at_.assign(size_t(vocab_), -1);
+    every_row_.clear();
+    prompt_ = h.prompt;
+    output_ = h.output;
+    prompt_taken_ = output_taken_ = 0;
+  }
+  for (; prompt_taken_ < prompt_size; ++prompt_taken_) take((*h.prompt)[prompt_taken_], repeated_);
+  for (; output_taken_ < output_size; ++output_taken_) take((*h.output)[output_taken_], output_flags_);
   PenaltyTokens t;
-  t.repetition = static_cast<float>(p.repetition_penalty);
-  t.presence = static_cast<float>(p.presence_penalty);
-  const uint32_t repeated = p.repetition_penalty != 1.0 ? PenaltyTokens::kRepetition : 0;
-  const uint32_t output = repeated | (p.presence_penalty != 0.0 ? PenaltyTokens::kPresence : 0);
-  std::unordered_map<int32_t, uint32_t> given;  // what every row's entries give each token
-  auto mark = [&](int32_t id, uint32_t flags) {
-    if (id >= 0 && id < vocab && flags) given[id] |= flags;
-  };
-  if (h.prompt) for (int32_t id : *h.prompt) mark(id, repeated);
-  if (h.output) for (int32_t id : *h.output) mark(id, output);
-  for (const auto& [id, flags] : given) t.every_row.push_back(uint32_t(id) | flags);
-  std::sort(t.every_row.begin(), t.every_row.end(),
-            [](uint32_t a, uint32_t b) { return (a & PenaltyTokens::kId) < (b & PenaltyTokens::kId); });
+  t.repetition = repetition_;
+  t.presence = presence_;
+  t.every_row = every_row_;
   // Row r's own entries are row r − 1's and what its extra token adds (drafts are output).
   std::vector<uint32_t> added;
+  auto given = [&](int32_t id) {  // the penalties a token has so far (a block adds at most 15)
+    uint32_t f = at_[size_t(id)] < 0 ? 0u : every_row_[size_t(at_[size_t(id)])] & ~PenaltyTokens::kId;
+    for (uint32_t e : added)
+      if (int32_t(e & PenaltyTokens::kId) == id) f |= e & ~PenaltyTokens::kId;
+    return f;
+  };
   t.row_first.push_back(0);
   for (int r = 0; r < rows; ++r) {
     if (r > 0 && r <= h.extra_count) {
       const int32_t id = h.extra[r - 1];
-      if (id >= 0 && id < vocab) {
-        uint32_t& have = given[id];
-        const uint32_t add = output & ~have;
+      if (id >= 0 && id < vocab_) {
+        const uint32_t add = output_flags_ & ~given(id);
         if (add) added.push_back(uint32_t(id) | add);
-        have |= add;
       }
     }
     t.own.insert(t.own.end(), added.begin(), added.end());
     t.row_first.push_back(static_cast<int32_t>(t.own.size()));
   }
   return t;
+}
+
+PenaltyTokens penalty_tokens(const SamplingParams& p, int vocab, const TokenHistory& h, int rows) {
+  return PenaltyHistory(p, vocab).tokens(h, rows);
 }
 
 // The warpers keep a shrinking set of candidate tokens (ascending ids, with their scaled

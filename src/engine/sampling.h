@@ -95,6 +95,26 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
 // r's history is h with its first min(r, h.extra_count) extra tokens (a verification's rows see
 // the drafts before them; with no extra, every row sees h).
 PenaltyTokens penalty_tokens(const SamplingParams& p, int vocab, const TokenHistory& h, int rows);
+// penalty_tokens over a generation, whose prompt and output only grow: each call takes only the
+// tokens added since the last (a 32 768-token history cost 3.8 ms a step taken whole), and
+// starts again when handed another prompt or output.
+class PenaltyHistory {
+ public:
+  PenaltyHistory(const SamplingParams& p, int vocab);
+  PenaltyTokens tokens(const TokenHistory& h, int rows);
+
+ private:
+  void take(int32_t id, uint32_t flags);
+
+  float repetition_, presence_;
+  uint32_t repeated_, output_flags_;  // what a prompt token and an output token earn
+  int vocab_;
+  const std::vector<int32_t>* prompt_ = nullptr;
+  const std::vector<int32_t>* output_ = nullptr;
+  size_t prompt_taken_ = 0, output_taken_ = 0;
+  std::vector<int32_t> at_;  // a token's entry in every_row_, −1 for none
+  std::vector<uint32_t> every_row_;
+};
 
 // The distribution the request samples from, after penalties and warpers; greedy gives the
 // argmax alone, with probability 1.
