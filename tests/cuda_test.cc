@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #ifdef DFLASH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -790,7 +791,7 @@ struct LongHistory {
   LongHistory(int vocab, int rows) {
     std::mt19937 gen(23);
     for (int i = 0; i < 3000; ++i) prompt.push_back(int32_t(gen() % 5000));  // repeats
-    for (int i = 0; i < 400; ++i) output.push_back(int32_t(gen() % vocab));
+    for (int i = 0; i < 400; ++i) output.push_back(int32_t(i % 4 == 0 ? gen() % 50 : gen() % vocab));  // repeats
     for (int i = 0; i + 1 < rows; ++i) drafts.push_back(i % 3 == 0 ? prompt[size_t(i)] : i % 3 == 1 ? output[size_t(i)] : 7);
   }
   TokenHistory block() const { return {&prompt, &output, drafts.data(), int(drafts.size())}; }
@@ -809,11 +810,14 @@ TEST(CudaSampling, PenaltiesAreTheHostsBitForBit) {
   host[7] = 0.f;
   host[size_t(vocab) + 7] = -INFINITY;
   const LongHistory lh(vocab, rows);
-  for (const auto& [repetition, presence] : std::vector<std::pair<double, double>>{{1.3, 0.0}, {1.0, 0.7}, {1.15, 1.5}, {0.8, -0.5}}) {
-    SCOPED_TRACE("repetition " + std::to_string(repetition) + " presence " + std::to_string(presence));
+  for (const auto& [repetition, presence, frequency] : std::vector<std::tuple<double, double, double>>{
+           {1.3, 0.0, 0.0}, {1.0, 0.7, 0.0}, {1.0, 0.0, 0.45}, {1.15, 1.5, 0.2}, {0.8, -0.5, -0.3}}) {
+    SCOPED_TRACE("repetition " + std::to_string(repetition) + " presence " + std::to_string(presence) + " frequency " +
+                 std::to_string(frequency));
     SamplingParams sp;
     sp.repetition_penalty = repetition;
     sp.presence_penalty = presence;
+    sp.frequency_penalty = frequency;
     const PenaltyTokens t = penalty_tokens(sp, vocab, lh.block(), rows);
     Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
     backend->apply_penalties(on_gpu, t);
@@ -823,7 +827,7 @@ TEST(CudaSampling, PenaltiesAreTheHostsBitForBit) {
     cpu->download(on_cpu, c.data());
     int changed = 0;
     for (size_t i = 0; i < host.size(); ++i) changed += std::memcmp(&c[i], &host[i], sizeof(float)) != 0;
-    EXPECT_GT(changed, 300 * rows);  // presence alone: the 400 output tokens
+    EXPECT_GT(changed, 300 * rows);  // presence or frequency alone: the 400 output tokens
     for (int r = 0; r < rows; ++r)
       ASSERT_EQ(std::memcmp(g.data() + size_t(r) * vocab, c.data() + size_t(r) * vocab, size_t(vocab) * sizeof(float)), 0)
           << "row " << r;
@@ -848,6 +852,7 @@ TEST(CudaSampling, PenalisedRowsLeftOnTheDeviceDrawWhatTheHostDraws) {
   sp.top_p = 0.9;
   sp.repetition_penalty = 1.2;
   sp.presence_penalty = 0.5;
+  sp.frequency_penalty = 0.1;
   LogitRows g(*backend, sp, vocab);
   setenv("DFLASH_LOGIT_ROWS", "device", 1);  // the CPU backend would read its rows whole
   LogitRows c(*cpu, sp, vocab);

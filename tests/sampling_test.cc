@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "engine/acceptance.h"
@@ -521,8 +522,8 @@ namespace {
 // the vocabulary, skipped), drafts that repeat both and one another.
 struct PenaltyBlock {
   std::vector<int32_t> prompt = {7, 11, 11, 2999, 40, 5000, -3};
-  std::vector<int32_t> output = {40, 41, 7, 100};
-  std::vector<int32_t> drafts = {11, 41, 500, 500, 100};
+  std::vector<int32_t> output = {40, 41, 7, 100, 41};
+  std::vector<int32_t> drafts = {11, 41, 500, 500, 100};  // 41 a third time, 500 twice
   TokenHistory block() const { return {&prompt, &output, drafts.data(), int(drafts.size())}; }
   TokenHistory row(int r) const { return {&prompt, &output, drafts.data(), std::min(r, int(drafts.size()))}; }
 };
@@ -548,7 +549,9 @@ TokenDistribution nonzero(const TokenDistribution& d) {
   return out;
 }
 
-const std::vector<std::pair<double, double>> kPenaltySettings = {{1.3, 0.0}, {1.0, 0.7}, {1.3, 0.7}, {0.8, -0.5}};
+// (repetition, presence, frequency)
+const std::vector<std::tuple<double, double, double>> kPenaltySettings = {
+    {1.3, 0.0, 0.0}, {1.0, 0.7, 0.0}, {1.0, 0.0, 0.45}, {1.3, 0.7, 0.3}, {0.8, -0.5, -0.2}};
 
 // Backend::apply_penalties (the CPU backend's here; the GPU's must equal it bit for bit)
 // penalises row r of a block as apply_penalties penalises that row alone with row r's history:
@@ -558,11 +561,13 @@ TEST(Penalties, RowsPenalisedInPlaceAreTheHostsRows) {
   const int rows = 6, vocab = 3000;
   const PenaltyBlock pb;
   const std::vector<float> host = penalty_test_rows(rows, vocab);
-  for (const auto& [repetition, presence] : kPenaltySettings) {
-    SCOPED_TRACE("repetition " + std::to_string(repetition) + " presence " + std::to_string(presence));
+  for (const auto& [repetition, presence, frequency] : kPenaltySettings) {
+    SCOPED_TRACE("repetition " + std::to_string(repetition) + " presence " + std::to_string(presence) + " frequency " +
+                 std::to_string(frequency));
     SamplingParams sp;
     sp.repetition_penalty = repetition;
     sp.presence_penalty = presence;
+    sp.frequency_penalty = frequency;
     Tensor t = cpu->upload(host.data(), rows, vocab);
     cpu->apply_penalties(t, penalty_tokens(sp, vocab, pb.block(), rows));
     std::vector<float> got(host.size());
@@ -597,6 +602,7 @@ TEST(Penalties, AGrowingHistoryPenalisesAsTheWholeHistory) {
   SamplingParams sp;
   sp.repetition_penalty = 1.3;
   sp.presence_penalty = 0.4;
+  sp.frequency_penalty = 0.25;  // the output repeats its tokens: counts up to a dozen
   PenaltyHistory grown(sp, vocab);
   Rng pick(8);
   const std::vector<int32_t> prompt = {1, 2, 3, 3, 50, 599, 700};
@@ -639,15 +645,20 @@ TEST(Penalties, BadEntriesNameWhatIsWrong) {
   };
   PenaltyTokens t;
   t.row_first = {0, 0};
-  t.every_row = {9 | PenaltyTokens::kRepetition};
+  t.every_row = {PenaltyEntry{9, 1, 0.f}};
   EXPECT_NE(error_of(t).find("every_row entry 0: id 9 outside F32[1, 8]"), std::string::npos) << error_of(t);
+  t.every_row = {PenaltyEntry{-1, 0, 0.5f}};
+  EXPECT_NE(error_of(t).find("every_row entry 0: id -1 outside F32[1, 8]"), std::string::npos) << error_of(t);
   t.every_row = {};
   t.row_first = {0, 0, 0};
   EXPECT_NE(error_of(t).find("3 row offsets for F32[1, 8]"), std::string::npos) << error_of(t);
   t.row_first = {0, 1};
   EXPECT_NE(error_of(t).find("do not span the 0 own entries"), std::string::npos) << error_of(t);
+  t.own.assign(PenaltyTokens::kMaxOwn + 1, PenaltyEntry{3, 0, 0.5f});
+  t.row_first = {0, int32_t(t.own.size())};
+  EXPECT_NE(error_of(t).find("row 0 has 65 own entries, more than 64"), std::string::npos) << error_of(t);
   t.row_first = {0, 1};
-  t.own = {3 | PenaltyTokens::kPresence};
+  t.own = {PenaltyEntry{3, 0, 0.5f}};
   EXPECT_EQ(error_of(t), "no error");
 }
 
@@ -669,6 +680,7 @@ TEST(Penalties, EveryFormGivesThePenalisedRowsDistribution) {
     for (SamplingParams sp : {greedy, top_k, top_p, min_p, alone, wide_k}) {
       sp.repetition_penalty = 1.4;
       sp.presence_penalty = 0.6;
+      sp.frequency_penalty = 0.3;
       SCOPED_TRACE(std::string("DFLASH_LOGIT_ROWS=") + env + " T " + std::to_string(sp.temperature) + " top_k " +
                    std::to_string(sp.top_k) + " top_p " + std::to_string(sp.top_p) + " min_p " +
                    std::to_string(sp.min_p));

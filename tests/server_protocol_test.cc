@@ -36,7 +36,8 @@ TEST(ServerProtocol, ParsesChatRequest) {
       {"role": "developer", "content": "be brief"},
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
       "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1, "seed": 3, "stop": "x",
-      "stream": true, "stream_options": {"include_usage": true}, "n": 1, "user": "ignored"})");
+      "stream": true, "stream_options": {"include_usage": true}, "n": 1, "user": "ignored",
+      "frequency_penalty": 0.25, "presence_penalty": -0.5, "repetition_penalty": 1.1})");
   EXPECT_EQ(r.model, "m");
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[0]["role"], "system");
@@ -45,6 +46,9 @@ TEST(ServerProtocol, ParsesChatRequest) {
   EXPECT_TRUE(r.sampling.greedy());
   EXPECT_EQ(r.sampling.top_k, 0);
   EXPECT_EQ(r.sampling.seed, 3u);
+  EXPECT_EQ(r.sampling.frequency_penalty, 0.25);
+  EXPECT_EQ(r.sampling.presence_penalty, -0.5);
+  EXPECT_EQ(r.sampling.repetition_penalty, 1.1);
   EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
   EXPECT_TRUE(r.stream && r.include_usage);
 }

@@ -318,36 +318,45 @@ void Backend::check_penalty_tokens(const Tensor& logits, const PenaltyTokens& t)
     throw Error(op + std::to_string(t.row_first.size()) + " row offsets for " + logits.describe());
   if (t.row_first.front() != 0 || t.row_first.back() != int64_t(t.own.size()))
     throw Error(op + "row offsets do not span the " + std::to_string(t.own.size()) + " own entries");
-  for (size_t r = 1; r < t.row_first.size(); ++r)
+  for (size_t r = 1; r < t.row_first.size(); ++r) {
     if (t.row_first[r] < t.row_first[r - 1]) throw Error(op + "row offset " + std::to_string(r) + " goes back");
-  auto check = [&](const std::vector<uint32_t>& list, const char* name) {
+    if (t.row_first[r] - t.row_first[r - 1] > PenaltyTokens::kMaxOwn)
+      throw Error(op + "row " + std::to_string(r - 1) + " has " + std::to_string(t.row_first[r] - t.row_first[r - 1]) +
+                  " own entries, more than " + std::to_string(PenaltyTokens::kMaxOwn));
+  }
+  auto check = [&](const std::vector<PenaltyEntry>& list, const char* name) {
     for (size_t i = 0; i < list.size(); ++i)
-      if (int64_t(list[i] & PenaltyTokens::kId) >= logits.cols)
-        throw Error(op + name + " entry " + std::to_string(i) + ": id " + std::to_string(list[i] & PenaltyTokens::kId) +
-                    " outside " + logits.describe());
+      if (list[i].id < 0 || list[i].id >= logits.cols)
+        throw Error(op + name + " entry " + std::to_string(i) + ": id " + std::to_string(list[i].id) + " outside " +
+                    logits.describe());
   };
   check(t.every_row, "every_row");
   check(t.own, "own");
 }
 
 void Backend::penalise_row(float* row, int64_t r, const PenaltyTokens& t) {
-  // Each penalty in its own pass through memory, as apply_penalties applies them: each step
-  // rounds, and x · repetition − presence is never fused into one rounding.
-  auto pass = [&](const uint32_t* e, const uint32_t* end, uint32_t which) {
+  const PenaltyEntry* own = t.own.data() + t.row_first[size_t(r)];
+  const PenaltyEntry* own_end = t.own.data() + t.row_first[size_t(r) + 1];
+  auto overridden = [&](int32_t id) {
+    for (const PenaltyEntry* e = own; e != own_end; ++e)
+      if (e->id == id) return true;
+    return false;
+  };
+  // Each step in its own pass through memory, as apply_penalties takes them: each rounds, and
+  // x · repetition − subtract is never fused into one rounding.
+  auto pass = [&](const PenaltyEntry* e, const PenaltyEntry* end, bool skip_own, bool repetition) {
     for (; e != end; ++e) {
-      if (!(*e & which)) continue;
-      float& x = row[*e & PenaltyTokens::kId];
-      if (which == PenaltyTokens::kRepetition) x = x < 0 ? x * t.repetition : x / t.repetition;
-      else x -= t.presence;
+      if (skip_own && overridden(e->id)) continue;
+      float& x = row[e->id];
+      if (repetition && e->repeated) x = x < 0 ? x * t.repetition : x / t.repetition;
+      if (!repetition && e->subtract != 0.f) x -= e->subtract;
     }
   };
-  const uint32_t* all = t.every_row.data();
-  const uint32_t* own = t.own.data() + t.row_first[size_t(r)];
-  const uint32_t* own_end = t.own.data() + t.row_first[size_t(r) + 1];
-  pass(all, all + t.every_row.size(), PenaltyTokens::kRepetition);
-  pass(all, all + t.every_row.size(), PenaltyTokens::kPresence);
-  pass(own, own_end, PenaltyTokens::kRepetition);
-  pass(own, own_end, PenaltyTokens::kPresence);
+  const PenaltyEntry* all = t.every_row.data();
+  pass(all, all + t.every_row.size(), true, true);
+  pass(all, all + t.every_row.size(), true, false);
+  pass(own, own_end, false, true);
+  pass(own, own_end, false, false);
 }
 
 void Backend::apply_penalties(Tensor& logits, const PenaltyTokens& t) {

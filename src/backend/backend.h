@@ -87,19 +87,24 @@ struct RowDraw {
   RowLaw law;          // the row's law, which the draw computed first
 };
 
-// Repetition and presence penalties for rows of logits that stay where they are
-// (Backend::apply_penalties): token ids, each with the penalties it takes (kRepetition: x < 0 ?
-// x · repetition : x / repetition, then kPresence: x − presence; apply_penalties in
-// engine/sampling.cc, term for term). `every_row`'s apply to each row first, then row r's own,
-// own[row_first[r] … row_first[r + 1]): the penalties a token earns from the tokens before row r
-// that `every_row` did not give it (a drafted block's rows see one more token each).
-// engine/sampling.h's penalty_tokens builds them. Each id at most once in each list.
+// Penalties for rows of logits that stay where they are (Backend::apply_penalties): token ids,
+// each with what it takes, x → (repeated ? (x < 0 ? x · repetition : x / repetition) : x) −
+// subtract, each step rounded (apply_penalties in engine/sampling.cc, term for term; subtract
+// holds the frequency and presence penalties). `every_row`'s apply to each row, except where
+// the row has its own entry for the token, own[row_first[r] … row_first[r + 1]): then that one,
+// which is the token's whole penalty for the row (a drafted block's rows see one more token
+// each). engine/sampling.h's PenaltyHistory builds them. Each id at most once in each list.
+struct PenaltyEntry {
+  int32_t id = 0;
+  uint32_t repeated = 0;  // 1: the repetition penalty applies
+  float subtract = 0.f;
+};
 struct PenaltyTokens {
-  static constexpr uint32_t kRepetition = 1u << 30, kPresence = 1u << 31, kId = (1u << 30) - 1;
-  std::vector<uint32_t> every_row;
-  std::vector<uint32_t> own;
+  std::vector<PenaltyEntry> every_row;
+  std::vector<PenaltyEntry> own;
   std::vector<int32_t> row_first;  // rows + 1 offsets into own
-  float repetition = 1.f, presence = 0.f;
+  float repetition = 1.f;
+  static constexpr int kMaxOwn = 64;  // own entries a row may have
 };
 
 // Token ids on their way back to the host (Backend::read_ids): get() waits for them.

@@ -626,20 +626,21 @@ class Doctor {
     row("top_p_laws", shape("logits", rows, cols) + what, err, err, 1e-6, wrong == 0 && err <= 1e-6, law_us, note);
   }
 
-  // Repetition and presence penalties on a block of rows where they are (the rows a sampler with
+  // Repetition, presence and frequency penalties on a block of rows where they are (the rows a sampler with
   // penalties then reads as it reads any): a history of `history` tokens with repeats, drafts
   // repeating it, each row against the CPU's bit for bit. Error: 1 for any differing logit.
-  void penalties(int64_t rows, int64_t cols, int history, float repetition, float presence) {
+  void penalties(int64_t rows, int64_t cols, int history, float repetition, float presence, float frequency) {
     std::uniform_real_distribution<float> u(-6.f, 6.f);
     std::vector<float> host(size_t(rows * cols));
     for (auto& v : host) v = u(rng_);
     std::vector<int32_t> prompt, output, drafts;
     for (int i = 0; i < history; ++i) prompt.push_back(int32_t(rng_() % uint64_t(std::min<int64_t>(cols, 5000))));
-    for (int i = 0; i < history / 8; ++i) output.push_back(int32_t(rng_() % uint64_t(cols)));
+    for (int i = 0; i < history / 8; ++i) output.push_back(int32_t(rng_() % uint64_t(i % 4 ? cols : 50)));  // repeats
     for (int64_t r = 1; r < rows; ++r) drafts.push_back(r % 2 ? prompt[size_t(r)] : int32_t(rng_() % uint64_t(cols)));
     SamplingParams sp;
     sp.repetition_penalty = repetition;
     sp.presence_penalty = presence;
+    sp.frequency_penalty = frequency;
     const PenaltyTokens tokens =
         penalty_tokens(sp, int(cols), TokenHistory{&prompt, &output, drafts.data(), int(drafts.size())}, int(rows));
     Tensor xt = t_.upload(host.data(), rows, cols), xr = r_.upload(host.data(), rows, cols);
@@ -658,8 +659,8 @@ class Doctor {
     char note[120];
     std::snprintf(note, sizeof note, "%zu + %zu entries, bit for bit (µs: the op and one value read back)",
                   tokens.every_row.size(), tokens.own.size());
-    char what[64];
-    std::snprintf(what, sizeof what, " repetition %.2f presence %.2f", repetition, presence);
+    char what[80];
+    std::snprintf(what, sizeof what, " rep %.2f presence %.2f freq %.2f", repetition, presence, frequency);
     row("apply_penalties", shape("logits", rows, cols) + what, err, err, 0, wrong == 0, us, note);
   }
 
@@ -865,9 +866,10 @@ int run_doctor(const DoctorArgs& a) {
   d.top_p_law(3, 4160, 0.5f, 0.f, 0.6f, true);
   d.top_p_law(16, 151936, 1.f, 0.3f, 1.0f, false);
   d.top_p_law(4, 151936, 0.95f, 0.5f, 0.7f, true);
-  d.penalties(16, 151936, 3000, 1.3f, 0.f);
-  d.penalties(1, 151936, 3000, 1.1f, 1.5f);
-  d.penalties(16, 4160, 200, 0.8f, -0.5f);
+  d.penalties(16, 151936, 3000, 1.3f, 0.f, 0.f);
+  d.penalties(1, 151936, 3000, 1.1f, 1.5f, 0.f);
+  d.penalties(16, 151936, 3000, 1.f, 0.5f, 0.35f);
+  d.penalties(16, 4160, 200, 0.8f, -0.5f, -0.2f);
 
   for (const auto& m : a.models) d.model(m);
 

@@ -20,6 +20,7 @@ SamplingParams SamplingArgs::params() const {
   p.min_p = min_p;
   p.repetition_penalty = repetition_penalty;
   p.presence_penalty = presence_penalty;
+  p.frequency_penalty = frequency_penalty;
   p.seed = seed;
   return p;
 }
@@ -61,7 +62,8 @@ void add_sampling_options(CLI::App& app, SamplingArgs& a) {
   app.add_option("--top-p", a.top_p)->check(CLI::Range(0.0, 1.0));
   app.add_option("--min-p", a.min_p)->check(CLI::Range(0.0, 1.0));
   app.add_option("--repetition-penalty", a.repetition_penalty);
-  app.add_option("--presence-penalty", a.presence_penalty);
+  app.add_option("--presence-penalty", a.presence_penalty, "subtracted from each token the output holds");
+  app.add_option("--frequency-penalty", a.frequency_penalty, "times the number of times the output holds the token, subtracted");
   app.add_option("--seed", a.seed);
 }
 

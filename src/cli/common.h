@@ -35,7 +35,8 @@ struct PromptArgs {
 };
 
 struct SamplingArgs {
-  double temperature = 0.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0, presence_penalty = 0.0;
+  double temperature = 0.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0, presence_penalty = 0.0,
+         frequency_penalty = 0.0;
   int top_k = 0;
   uint64_t seed = 0;
   SamplingParams params() const;

@@ -87,10 +87,10 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
       sp_(sp),
       vocab_(vocab),
       inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)),
-      penalties_(sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0) {
+      penalties_(sp.penalised()) {
   if (penalties_) penalty_history_.emplace(sp, vocab);
   sp_.repetition_penalty = 1.0;
-  sp_.presence_penalty = 0.0;
+  sp_.presence_penalty = sp_.frequency_penalty = 0.0;
   const bool sampled = !sp.greedy(), every_k = sp.top_k == 0 || sp.top_k >= vocab;
   // Temperature alone: no candidate set is smaller than the row.
   const bool temperature_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p == 0.0;

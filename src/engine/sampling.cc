@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "backend/backend.h"
@@ -18,9 +19,14 @@ void validate(const SamplingParams& p) {
   if (!(p.min_p >= 0.0 && p.min_p <= 1.0)) throw Error("min_p must be in [0, 1]");
   if (!(p.repetition_penalty > 0.0)) throw Error("repetition_penalty must be > 0");
   if (!std::isfinite(p.presence_penalty)) throw Error("presence_penalty must be finite");
+  if (!std::isfinite(p.frequency_penalty)) throw Error("frequency_penalty must be finite");
 }
 
 int32_t argmax(const float* v, int n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
+
+float penalty_subtract(const SamplingParams& p, int count) {
+  return count > 0 ? static_cast<float>(count * p.frequency_penalty + p.presence_penalty) : 0.f;
+}
 
 void apply_penalties(float* logits, int vocab, const SamplingParams& p, const TokenHistory& h) {
   if (p.repetition_penalty != 1.0) {
@@ -32,66 +38,67 @@ void apply_penalties(float* logits, int vocab, const SamplingParams& p, const To
     const float rp = static_cast<float>(p.repetition_penalty);
     for (int32_t t : seen) logits[t] = logits[t] < 0 ? logits[t] * rp : logits[t] / rp;
   }
-  if (p.presence_penalty != 0.0) {
-    std::unordered_set<int32_t> seen;
-    if (h.output) for (int32_t t : *h.output) if (t >= 0 && t < vocab) seen.insert(t);
-    for (int i = 0; i < h.extra_count; ++i) if (h.extra[i] >= 0 && h.extra[i] < vocab) seen.insert(h.extra[i]);
-    for (int32_t t : seen) logits[t] -= static_cast<float>(p.presence_penalty);
+  if (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) {
+    std::unordered_map<int32_t, int> count;
+    auto mark = [&](int32_t t) { if (t >= 0 && t < vocab) ++count[t]; };
+    if (h.output) for (int32_t t : *h.output) mark(t);
+    for (int i = 0; i < h.extra_count; ++i) mark(h.extra[i]);
+    for (const auto& [t, c] : count)
+      if (const float s = penalty_subtract(p, c); s != 0.f) logits[t] -= s;
   }
 }
 
-PenaltyHistory::PenaltyHistory(const SamplingParams& p, int vocab)
-    : repetition_(static_cast<float>(p.repetition_penalty)),
-      presence_(static_cast<float>(p.presence_penalty)),
-      repeated_(p.repetition_penalty != 1.0 ? PenaltyTokens::kRepetition : 0),
-      output_flags_(repeated_ | (p.presence_penalty != 0.0 ? PenaltyTokens::kPresence : 0)),
-      vocab_(vocab) {}
+PenaltyHistory::PenaltyHistory(const SamplingParams& p, int vocab) : p_(p), vocab_(vocab) {}
 
-void PenaltyHistory::take(int32_t id, uint32_t flags) {
-  if (id < 0 || id >= vocab_ || !flags) return;
+PenaltyEntry& PenaltyHistory::entry(int32_t id) {
   int32_t& at = at_[size_t(id)];
   if (at < 0) {
     at = static_cast<int32_t>(every_row_.size());
-    every_row_.push_back(uint32_t(id));
+    every_row_.push_back(PenaltyEntry{id, 0, 0.f});
   }
-  every_row_[size_t(at)] |= flags;
+  return every_row_[size_t(at)];
 }
 
 PenaltyTokens PenaltyHistory::tokens(const TokenHistory& h, int rows) {
+  const bool repetition = p_.repetition_penalty != 1.0;
   const size_t prompt_size = h.prompt ? h.prompt->size() : 0, output_size = h.output ? h.output->size() : 0;
   // Another history than the one taken so far (not the same one grown): start again.
   if (at_.empty() || h.prompt != prompt_ || h.output != output_ || prompt_size < prompt_taken_ ||
       output_size < output_taken_) {
     at_.assign(size_t(vocab_), -1);
+    count_.assign(size_t(vocab_), 0);
     every_row_.clear();
     prompt_ = h.prompt;
     output_ = h.output;
     prompt_taken_ = output_taken_ = 0;
   }
-  for (; prompt_taken_ < prompt_size; ++prompt_taken_) take((*h.prompt)[prompt_taken_], repeated_);
-  for (; output_taken_ < output_size; ++output_taken_) take((*h.output)[output_taken_], output_flags_);
+  for (; prompt_taken_ < prompt_size; ++prompt_taken_) {
+    const int32_t id = (*h.prompt)[prompt_taken_];
+    if (repetition && id >= 0 && id < vocab_) entry(id).repeated = 1;
+  }
+  for (; output_taken_ < output_size; ++output_taken_) {
+    const int32_t id = (*h.output)[output_taken_];
+    if (id < 0 || id >= vocab_) continue;
+    PenaltyEntry& e = entry(id);
+    e.repeated = repetition;
+    e.subtract = penalty_subtract(p_, ++count_[size_t(id)]);
+  }
   PenaltyTokens t;
-  t.repetition = repetition_;
-  t.presence = presence_;
+  t.repetition = static_cast<float>(p_.repetition_penalty);
   t.every_row = every_row_;
-  // Row r's own entries are row r − 1's and what its extra token adds (drafts are output).
-  std::vector<uint32_t> added;
-  auto given = [&](int32_t id) {  // the penalties a token has so far (a block adds at most 15)
-    uint32_t f = at_[size_t(id)] < 0 ? 0u : every_row_[size_t(at_[size_t(id)])] & ~PenaltyTokens::kId;
-    for (uint32_t e : added)
-      if (int32_t(e & PenaltyTokens::kId) == id) f |= e & ~PenaltyTokens::kId;
-    return f;
-  };
+  // Row r's own entries: each token among the first r extra ones, with its whole penalty for
+  // the row (its output count plus its count among them; drafts are output).
+  std::vector<std::pair<int32_t, int>> drafted;  // id, count among the extra tokens so far
   t.row_first.push_back(0);
   for (int r = 0; r < rows; ++r) {
-    if (r > 0 && r <= h.extra_count) {
+    if (r > 0 && r <= h.extra_count && h.extra[r - 1] >= 0 && h.extra[r - 1] < vocab_) {
       const int32_t id = h.extra[r - 1];
-      if (id >= 0 && id < vocab_) {
-        const uint32_t add = output_flags_ & ~given(id);
-        if (add) added.push_back(uint32_t(id) | add);
-      }
+      auto it = std::find_if(drafted.begin(), drafted.end(), [&](const auto& d) { return d.first == id; });
+      if (it == drafted.end()) drafted.emplace_back(id, 1);
+      else ++it->second;
     }
-    t.own.insert(t.own.end(), added.begin(), added.end());
+    for (const auto& [id, n] : drafted)
+      t.own.push_back(PenaltyEntry{id, uint32_t(repetition), penalty_subtract(p_, count_[size_t(id)] + n)});
     t.row_first.push_back(static_cast<int32_t>(t.own.size()));
   }
   return t;
@@ -281,7 +288,7 @@ int32_t sample_from(const TokenDistribution& d, Rng& rng) {
 
 namespace dflash {
 int32_t choose_token(const float* logits, int vocab, const SamplingParams& p, const TokenHistory& h, Rng& rng) {
-  if (p.greedy() && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0) return argmax(logits, vocab);
+  if (p.argmax_only()) return argmax(logits, vocab);
   const TokenDistribution d = token_distribution(logits, vocab, p, h);
   return p.greedy() ? d.ids[0] : sample_from(d, rng);
 }

@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-namespace dflash {
+#include "backend/backend.h"  // PenaltyTokens
 
-struct PenaltyTokens;  // backend/backend.h
+namespace dflash {
 
 struct SamplingParams {
   double temperature = 0.0;  // 0 → greedy
@@ -18,12 +18,14 @@ struct SamplingParams {
   double min_p = 0.0;
   double repetition_penalty = 1.0;  // over prompt and output, as transformers applies it
   double presence_penalty = 0.0;    // over output tokens, as the OpenAI API defines it
+  double frequency_penalty = 0.0;   // × each output token's count, as the OpenAI API defines it
   uint64_t seed = 0;
 
   bool greedy() const { return temperature <= 0.0; }
   // Greedy with nothing that needs the host's view of the logits: the backend's argmax is
   // the whole choice, so only token ids leave the device.
-  bool argmax_only() const { return greedy() && repetition_penalty == 1.0 && presence_penalty == 0.0; }
+  bool penalised() const { return repetition_penalty != 1.0 || presence_penalty != 0.0 || frequency_penalty != 0.0; }
+  bool argmax_only() const { return greedy() && !penalised(); }
 };
 
 // Validates ranges; throws dflash::Error naming the parameter.
@@ -89,8 +91,12 @@ class SupportLaw final : public TokenLaw {
   TokenDistribution d_;
 };
 
-// In place on one row of `vocab` logits.
+// In place on one row of `vocab` logits: the repetition penalty over the distinct tokens of
+// prompt, output and extra (x < 0 ? x · r : x / r, as transformers' processor), then for each
+// distinct output or extra token one subtraction of penalty_subtract (count · frequency +
+// presence, the OpenAI API's two penalties).
 void apply_penalties(float* logits, int vocab, const SamplingParams& p, const TokenHistory& h);
+float penalty_subtract(const SamplingParams& p, int count);  // rounded once, from f64
 // apply_penalties for `rows` rows of a causal block, as Backend::apply_penalties takes them: row
 // r's history is h with its first min(r, h.extra_count) extra tokens (a verification's rows see
 // the drafts before them; with no extra, every row sees h).
@@ -104,16 +110,16 @@ class PenaltyHistory {
   PenaltyTokens tokens(const TokenHistory& h, int rows);
 
  private:
-  void take(int32_t id, uint32_t flags);
+  PenaltyEntry& entry(int32_t id);
 
-  float repetition_, presence_;
-  uint32_t repeated_, output_flags_;  // what a prompt token and an output token earn
+  SamplingParams p_;
   int vocab_;
   const std::vector<int32_t>* prompt_ = nullptr;
   const std::vector<int32_t>* output_ = nullptr;
   size_t prompt_taken_ = 0, output_taken_ = 0;
-  std::vector<int32_t> at_;  // a token's entry in every_row_, −1 for none
-  std::vector<uint32_t> every_row_;
+  std::vector<int32_t> at_;     // a token's entry in every_row_, −1 for none
+  std::vector<int32_t> count_;  // a token's count in the output
+  std::vector<PenaltyEntry> every_row_;
 };
 
 // The distribution the request samples from, after penalties and warpers; greedy gives the

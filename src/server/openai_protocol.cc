@@ -84,8 +84,6 @@ void reject_unsupported(const ojson& body, Endpoint e) {
     throw unsupported("functions", "functions");
   if (const ojson* lb = find(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
     throw unsupported("logit_bias", "logit_bias");
-  if (auto fp = get_number(body, "frequency_penalty", -2, 2); fp && *fp != 0)
-    throw unsupported("frequency_penalty", "frequency_penalty (use presence_penalty or repetition_penalty)");
   if (const ojson* rf = find(body, "response_format")) {
     if (!rf->is_object()) throw wrong_type("response_format", "an object", *rf);
     if (rf->value("type", std::string("text")) != "text")
@@ -191,6 +189,7 @@ void parse_sampling(const ojson& body, SamplingParams& p) {
   }
   p.min_p = get_number(body, "min_p", 0, 1).value_or(0.0);
   p.presence_penalty = get_number(body, "presence_penalty", -2, 2).value_or(0.0);
+  p.frequency_penalty = get_number(body, "frequency_penalty", -2, 2).value_or(0.0);
   p.repetition_penalty = get_number(body, "repetition_penalty", 0, 10, true).value_or(1.0);
   if (auto seed = get_int(body, "seed")) p.seed = static_cast<uint64_t>(*seed);
 }

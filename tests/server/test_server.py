@@ -244,6 +244,18 @@ class TestEndpoints(ServerTestBase):
         b = self.chat(PROMPTS[4], **kw).choices[0].message.content
         self.assertEqual(a, b)
 
+    def test_penalties_reach_the_sampler(self):
+        # Greedy code repeats itself; each of the OpenAI penalties, passed through the official
+        # client, must change what comes out, and the same request must give the same text.
+        eos = {"ignore_eos": True}
+        plain = self.complete(PROMPTS[3], max_tokens=48, extra_body=eos).choices[0].text
+        for kw in ({"frequency_penalty": 1.5}, {"presence_penalty": 1.5}, {"extra_body": {**eos, "repetition_penalty": 1.5}}):
+            kw.setdefault("extra_body", eos)
+            a = self.complete(PROMPTS[3], max_tokens=48, **kw)
+            self.assertEqual(a.usage.completion_tokens, 48)
+            self.assertNotEqual(a.choices[0].text, plain, kw)
+            self.assertEqual(self.complete(PROMPTS[3], max_tokens=48, **kw).choices[0].text, a.choices[0].text, kw)
+
     def test_openai_client_errors(self):
         with self.assertRaises(openai.BadRequestError) as e:
             self.chat(PROMPTS[0], n=2)
@@ -298,7 +310,7 @@ class TestEndpoints(ServerTestBase):
             (X, {"model": m, "messages": msgs, "stop": ["a", 1]}, 400, "invalid_request_error", "invalid_type"),
             (X, {"model": m, "messages": msgs, "seed": "x"}, 400, "invalid_request_error", "invalid_type"),
             (X, {"model": m, "messages": msgs, "logprobs": True}, 400, "invalid_request_error", "unsupported_parameter"),
-            (X, {"model": m, "messages": msgs, "frequency_penalty": 0.5}, 400, "invalid_request_error", "unsupported_parameter"),
+            (X, {"model": m, "messages": msgs, "frequency_penalty": 2.5}, 400, "invalid_request_error", "invalid_value"),
             (X, {"model": m, "messages": msgs, "presence_penalty": 3}, 400, "invalid_request_error", "invalid_value"),
             (X, {"model": m, "messages": msgs, "response_format": {"type": "json_object"}}, 400, "invalid_request_error",
              "unsupported_parameter"),

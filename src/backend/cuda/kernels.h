@@ -9,6 +9,10 @@
 
 #include "backend/cuda/cuda_common.h"
 
+namespace dflash {
+struct PenaltyEntry;  // backend/backend.h
+}  // namespace dflash
+
 namespace dflash::cuda {
 
 // The deferred RMSNorm between two skinny products (Backend::NormedRows). An emitting product
@@ -130,9 +134,10 @@ size_t top_p_law_scratch_bytes(int64_t rows, int64_t n);
 void top_p_laws(const float* x, int64_t ldx, int64_t rows, int64_t n, float inv_t, float top_p, float min_p,
                 double* laws, LawCut* cuts, void* scratch, cudaStream_t s);
 // Backend::apply_penalties (penalties.cu): row r of x penalised in place by every_row's entries,
-// then by own[row_first[r] … row_first[r + 1]) (device arrays, PenaltyTokens' layout).
-void apply_penalties(float* x, int64_t ldx, int64_t rows, const uint32_t* every_row, int n_every, const uint32_t* own,
-                     const int32_t* row_first, float repetition, float presence, cudaStream_t s);
+// those of own[row_first[r] … row_first[r + 1]) taking their tokens' place (device arrays,
+// PenaltyTokens' layout).
+void apply_penalties(float* x, int64_t ldx, int64_t rows, const PenaltyEntry* every_row, int n_every,
+                     const PenaltyEntry* own, const int32_t* row_first, float repetition, cudaStream_t s);
 // out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of
 // only -inf / NaN). Needs `scratch` of argmax_scratch_bytes() for the per-slice partial results.
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);

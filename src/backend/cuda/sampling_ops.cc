@@ -204,18 +204,19 @@ void SamplingOps::apply_penalties(Tensor& logits, const PenaltyTokens& t) {
   const int64_t rows = int64_t(t.row_first.size()) - 1;
   if (rows == 0) return;
   // One copy in: every_row's entries, the rows' own, then the offsets.
-  const size_t n_every = t.every_row.size(), n_own = t.own.size();
-  std::vector<uint32_t> in(n_every + n_own + t.row_first.size());
-  std::memcpy(in.data(), t.every_row.data(), n_every * sizeof(uint32_t));
-  std::memcpy(in.data() + n_every, t.own.data(), n_own * sizeof(uint32_t));
-  std::memcpy(in.data() + n_every + n_own, t.row_first.data(), t.row_first.size() * sizeof(int32_t));
-  auto dev = pool_.allocate(in.size() * sizeof(uint32_t), "apply_penalties");
-  auto* base = static_cast<uint32_t*>(dev.get());
+  const size_t n_every = t.every_row.size(), n_own = t.own.size(), entry = sizeof(PenaltyEntry);
+  std::vector<char> in((n_every + n_own) * entry + t.row_first.size() * sizeof(int32_t));
+  std::memcpy(in.data(), t.every_row.data(), n_every * entry);
+  std::memcpy(in.data() + n_every * entry, t.own.data(), n_own * entry);
+  std::memcpy(in.data() + (n_every + n_own) * entry, t.row_first.data(), t.row_first.size() * sizeof(int32_t));
+  auto dev = pool_.allocate(in.size(), "apply_penalties");
+  char* base = static_cast<char*>(dev.get());
   OpTimer timer(prof_, "apply_penalties", [&] { return dims(rows, int64_t(n_every + n_own)); });
-  check(cudaMemcpyAsync(base, in.data(), in.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, stream_),
-        "apply_penalties", "host to device copy");
-  cuda::apply_penalties(logits.ptr<float>(), logits.ld, rows, base, int(n_every), base + n_every,
-                        reinterpret_cast<const int32_t*>(base + n_every + n_own), t.repetition, t.presence, stream_);
+  check(cudaMemcpyAsync(base, in.data(), in.size(), cudaMemcpyHostToDevice, stream_), "apply_penalties",
+        "host to device copy");
+  cuda::apply_penalties(logits.ptr<float>(), logits.ld, rows, reinterpret_cast<const PenaltyEntry*>(base), int(n_every),
+                        reinterpret_cast<const PenaltyEntry*>(base + n_every * entry),
+                        reinterpret_cast<const int32_t*>(base + (n_every + n_own) * entry), t.repetition, stream_);
 }
 
 }  // namespace dflash::cuda
