@@ -818,6 +818,7 @@ TEST(CudaSampling, PenaltiesAreTheHostsBitForBit) {
     sp.repetition_penalty = repetition;
     sp.presence_penalty = presence;
     sp.frequency_penalty = frequency;
+    if (frequency != 0.0) sp.logit_bias = {{lh.drafts[0], 2.5f}, {7, -100.f}, {150000, 6.f}, {lh.output[3], -1.f}};
     const PenaltyTokens t = penalty_tokens(sp, vocab, lh.block(), rows);
     Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
     backend->apply_penalties(on_gpu, t);

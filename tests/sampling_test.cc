@@ -42,7 +42,7 @@ struct GoldenCase {
   std::string name() const {
     return "row " + std::to_string(row) + " T " + std::to_string(sp.temperature) + " top_k " +
            std::to_string(sp.top_k) + " top_p " + std::to_string(sp.top_p) + " min_p " + std::to_string(sp.min_p) +
-           " repetition " + std::to_string(sp.repetition_penalty);
+           " repetition " + std::to_string(sp.repetition_penalty) + " biased " + std::to_string(sp.logit_bias.size());
   }
 };
 
@@ -58,6 +58,9 @@ GoldenCase golden_case(const Json& c) {
     g.sp.repetition_penalty = c["repetition_penalty"].template get<double>();
     g.history = c["history"].template get<std::vector<int32_t>>();
   }
+  if (c.contains("logit_bias"))
+    for (const auto& b : c["logit_bias"])
+      g.sp.logit_bias.emplace_back(b[0].template get<int32_t>(), b[1].template get<float>());
   return g;
 }
 
@@ -65,12 +68,13 @@ TEST(SamplingWarpers, SameTokensAndProbabilitiesAsTransformers) {
   const auto g = read_json_file(source_path("testdata/sampling/warpers_golden.json"));
   const int vocab = g["vocab"].get<int>();
   ASSERT_GT(g["cases"].size(), 0u);
-  int penalised = 0;
+  int penalised = 0, biased = 0;
   for (const auto& c : g["cases"]) {
     const GoldenCase gc = golden_case(c);
     const SamplingParams& sp = gc.sp;
     SCOPED_TRACE(gc.name());
     penalised += !gc.history.empty();
+    biased += !sp.logit_bias.empty();
     const auto logits = golden_logits(gc.row, vocab);
     const auto probs = token_distribution(logits.data(), vocab, sp, TokenHistory{&gc.history}).dense(vocab);
     std::vector<int32_t> kept;
@@ -82,6 +86,7 @@ TEST(SamplingWarpers, SameTokensAndProbabilitiesAsTransformers) {
       EXPECT_NEAR(probs[size_t(want[j])], want_p[j], 1e-6 + 2e-5 * want_p[j]) << "token " << want[j];
   }
   EXPECT_GE(penalised, 4) << "the golden has too few repetition-penalty cases";
+  EXPECT_GE(biased, 2) << "the golden has too few logit-bias cases";
 }
 
 // Ties at the top-k threshold are all kept (transformers keeps every logit ≥ the k-th largest).
@@ -165,7 +170,7 @@ TEST(TopPCandidates, GiveTheWholeRowsDistribution) {
   std::vector<std::pair<std::vector<float>, SamplingParams>> cases;
   for (const auto& c : g["cases"]) {
     const GoldenCase gc = golden_case(c);
-    if (gc.sp.top_k == 0 && gc.sp.top_p < 1.0 && gc.history.empty()) cases.push_back({golden_logits(gc.row, vocab), gc.sp});
+    if (gc.sp.top_k == 0 && gc.sp.top_p < 1.0 && !gc.sp.penalised()) cases.push_back({golden_logits(gc.row, vocab), gc.sp});
   }
   ASSERT_GT(cases.size(), 0u);
   Rng rng(3);
@@ -380,7 +385,7 @@ TEST(TopPLaws, KeepTransformersTokens) {
   int cases = 0;
   for (const auto& c : g["cases"]) {
     const double top_p = c["top_p"].get<double>(), min_p = c["min_p"].get<double>();
-    if (c["top_k"].get<int>() != 0 || (top_p >= 1.0 && min_p == 0.0) || c.contains("history")) continue;
+    if (c["top_k"].get<int>() != 0 || (top_p >= 1.0 && min_p == 0.0) || golden_case(c).sp.penalised()) continue;
     const int row = c["row"].get<int>();
     const float inv_t = static_cast<float>(1.0 / c["temperature"].get<double>());
     SCOPED_TRACE("row " + std::to_string(row) + " top_p " + std::to_string(top_p) + " min_p " + std::to_string(min_p));
@@ -568,6 +573,9 @@ TEST(Penalties, RowsPenalisedInPlaceAreTheHostsRows) {
     sp.repetition_penalty = repetition;
     sp.presence_penalty = presence;
     sp.frequency_penalty = frequency;
+    // A logit bias beside each: on a prompt token, a drafted one, one of no history, and −100
+    // (a ban) on an output token.
+    if (frequency != 0.0) sp.logit_bias = {{11, 2.5f}, {500, -1.25f}, {1234, 7.f}, {40, -100.f}};
     Tensor t = cpu->upload(host.data(), rows, vocab);
     cpu->apply_penalties(t, penalty_tokens(sp, vocab, pb.block(), rows));
     std::vector<float> got(host.size());
@@ -603,6 +611,7 @@ TEST(Penalties, AGrowingHistoryPenalisesAsTheWholeHistory) {
   sp.repetition_penalty = 1.3;
   sp.presence_penalty = 0.4;
   sp.frequency_penalty = 0.25;  // the output repeats its tokens: counts up to a dozen
+  sp.logit_bias = {{50, 1.5f}, {80, -3.f}, {300, 4.f}};
   PenaltyHistory grown(sp, vocab);
   Rng pick(8);
   const std::vector<int32_t> prompt = {1, 2, 3, 3, 50, 599, 700};
@@ -681,6 +690,7 @@ TEST(Penalties, EveryFormGivesThePenalisedRowsDistribution) {
       sp.repetition_penalty = 1.4;
       sp.presence_penalty = 0.6;
       sp.frequency_penalty = 0.3;
+      sp.logit_bias = {{41, 3.f}, {2000, 9.f}, {17, -100.f}};
       SCOPED_TRACE(std::string("DFLASH_LOGIT_ROWS=") + env + " T " + std::to_string(sp.temperature) + " top_k " +
                    std::to_string(sp.top_k) + " top_p " + std::to_string(sp.top_p) + " min_p " +
                    std::to_string(sp.min_p));
@@ -705,8 +715,8 @@ TEST(Penalties, EveryFormGivesThePenalisedRowsDistribution) {
     }
 }
 
-// The repetition penalty against transformers' RepetitionPenaltyLogitsProcessor (the golden's
-// penalty cases) through LogitRows, the rows penalised by the backend, in the forms the CPU
+// The repetition penalty and the logit bias against transformers' RepetitionPenaltyLogitsProcessor
+// and SequenceBiasLogitsProcessor (the golden's penalty and bias cases) through LogitRows, the rows penalised by the backend, in the forms the CPU
 // reads (candidates, whole rows) and those the GPU leaves on the device (forced here).
 TEST(Penalties, KeepTransformersTokens) {
   auto cpu = make_cpu_backend();
@@ -715,7 +725,7 @@ TEST(Penalties, KeepTransformersTokens) {
   int cases = 0;
   for (const auto& c : g["cases"]) {
     const GoldenCase gc = golden_case(c);
-    if (gc.history.empty()) continue;
+    if (!gc.sp.penalised()) continue;
     const auto want = c["kept"].get<std::vector<int32_t>>();
     const auto want_p = c["probs"].get<std::vector<double>>();
     const auto logits = golden_logits(gc.row, vocab);
@@ -733,7 +743,7 @@ TEST(Penalties, KeepTransformersTokens) {
     }
     ++cases;
   }
-  EXPECT_GE(cases, 4) << "the golden has too few repetition-penalty cases";
+  EXPECT_GE(cases, 6) << "the golden has too few repetition-penalty and logit-bias cases";
 }
 
 }  // namespace

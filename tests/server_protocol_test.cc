@@ -37,7 +37,8 @@ TEST(ServerProtocol, ParsesChatRequest) {
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
       "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1, "seed": 3, "stop": "x",
       "stream": true, "stream_options": {"include_usage": true}, "n": 1, "user": "ignored",
-      "frequency_penalty": 0.25, "presence_penalty": -0.5, "repetition_penalty": 1.1})");
+      "frequency_penalty": 0.25, "presence_penalty": -0.5, "repetition_penalty": 1.1,
+      "logit_bias": {"42": -100, "7": 2.5}})");
   EXPECT_EQ(r.model, "m");
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[0]["role"], "system");
@@ -49,6 +50,7 @@ TEST(ServerProtocol, ParsesChatRequest) {
   EXPECT_EQ(r.sampling.frequency_penalty, 0.25);
   EXPECT_EQ(r.sampling.presence_penalty, -0.5);
   EXPECT_EQ(r.sampling.repetition_penalty, 1.1);
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, -100.f}, {7, 2.5f}}));
   EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
   EXPECT_TRUE(r.stream && r.include_usage);
 }
@@ -96,6 +98,12 @@ TEST(ServerProtocol, RejectsBadRequests) {
       {C, R"({"model":"m","prompt":[1,"a"]})", "unsupported_parameter", "prompt"},
       {C, R"({"model":"m","prompt":[1.5]})", "invalid_type", "prompt"},
       {C, R"({"model":"m","prompt":"x","best_of":2})", "unsupported_parameter", "best_of"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":[1]})", "invalid_type", "logit_bias"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":{"a1":1}})", "invalid_value", "logit_bias"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":{"-3":1}})", "invalid_value", "logit_bias"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":{"3":"x"}})", "invalid_type", "logit_bias.3"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":{"3":101}})", "invalid_value", "logit_bias"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":{"3":1,"03":2}})", "invalid_value", "logit_bias"},
       {C, R"({"model":"m","prompt":"x","logprobs":2})", "unsupported_parameter", "logprobs"},
       {C, R"({"model":"m","prompt":"x","suffix":"y"})", "unsupported_parameter", "suffix"},
   };

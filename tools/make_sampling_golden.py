@@ -20,7 +20,9 @@ case: the surviving token ids (ascending) and their probabilities.
 
 Penalty cases: RepetitionPenaltyLogitsProcessor first, as generate applies it before the
 warpers, over a history stored with the case (the row's 24 largest logits, whose values are
-positive, and 24 of its negative ones, some twice).
+positive, and 24 of its negative ones, some twice). Logit-bias cases: SequenceBiasLogitsProcessor
+with one-token sequences before that (generate's order): the row's largest logit banned (-100),
+its 200th and 5000th raised (stored with the case).
 """
 import argparse
 import json
@@ -29,7 +31,8 @@ import os
 import torch
 import transformers
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
-                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+                                                     SequenceBiasLogitsProcessor, TemperatureLogitsWarper,
+                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 VOCAB = 32000
 ROWS = 3
@@ -51,6 +54,18 @@ PENALTY_CASES = [
     (0.8, 0, 1.0, 0.05, 1.5),
     (1.0, 20, 0.95, 0.0, 0.8),
 ]
+
+
+# (temperature, top_k, top_p, min_p, repetition_penalty), each with the logit bias of bias_of()
+BIAS_CASES = [
+    (0.7, 0, 0.9, 0.0, 1.0),
+    (1.0, 50, 1.0, 0.0, 1.2),
+]
+
+
+def bias_of(row):
+    order = torch.argsort(row, descending=True, stable=True).tolist()
+    return [[order[0], -100.0], [order[199], 6.5], [order[4999], 30.0]]
 
 
 def history_of(row):
@@ -76,10 +91,14 @@ def main():
     cases = []
     for r in range(ROWS):
         row = logits_row(r)
-        for t, k, p, mp, rp in [c + (1.0,) for c in CASES] + PENALTY_CASES:
+        for t, k, p, mp, rp, biased in ([c + (1.0, False) for c in CASES] + [c + (False,) for c in PENALTY_CASES] +
+                                        [c + (True,) for c in BIAS_CASES]):
             x = row.clone().unsqueeze(0)
             history = history_of(row) if rp != 1.0 else []
             ids = torch.tensor([history or [0]], dtype=torch.long)
+            bias = bias_of(row) if biased else []
+            if bias:
+                x = SequenceBiasLogitsProcessor(sequence_bias=[[[i], b] for i, b in bias])(ids, x)
             if rp != 1.0:
                 x = RepetitionPenaltyLogitsProcessor(penalty=rp)(ids, x)
             x = TemperatureLogitsWarper(t)(ids, x)
@@ -94,9 +113,11 @@ def main():
             case = {"row": r, "temperature": t, "top_k": k, "top_p": p, "min_p": mp}
             if rp != 1.0:
                 case.update({"repetition_penalty": rp, "history": history})
+            if bias:
+                case["logit_bias"] = bias
             case.update({"kept": kept, "probs": [float(f"{probs[i].item():.8g}") for i in kept]})
             cases.append(case)
-            print(f"row {r} T {t} k {k} p {p} min_p {mp} repetition {rp}: {len(kept)} tokens kept")
+            print(f"row {r} T {t} k {k} p {p} min_p {mp} repetition {rp} bias {bias}: {len(kept)} tokens kept")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"generator": "tools/make_sampling_golden.py", "torch": torch.__version__,

@@ -344,19 +344,19 @@ void Backend::penalise_row(float* row, int64_t r, const PenaltyTokens& t) {
   };
   // Each step in its own pass through memory, as apply_penalties takes them: each rounds, and
   // x · repetition − subtract is never fused into one rounding.
-  auto pass = [&](const PenaltyEntry* e, const PenaltyEntry* end, bool skip_own, bool repetition) {
+  enum Step { kBias, kRepetition, kSubtract };
+  auto pass = [&](const PenaltyEntry* e, const PenaltyEntry* end, bool skip_own, Step step) {
     for (; e != end; ++e) {
       if (skip_own && overridden(e->id)) continue;
       float& x = row[e->id];
-      if (repetition && e->repeated) x = x < 0 ? x * t.repetition : x / t.repetition;
-      if (!repetition && e->subtract != 0.f) x -= e->subtract;
+      if (step == kBias && e->bias != 0.f) x += e->bias;
+      if (step == kRepetition && e->repeated) x = x < 0 ? x * t.repetition : x / t.repetition;
+      if (step == kSubtract && e->subtract != 0.f) x -= e->subtract;
     }
   };
   const PenaltyEntry* all = t.every_row.data();
-  pass(all, all + t.every_row.size(), true, true);
-  pass(all, all + t.every_row.size(), true, false);
-  pass(own, own_end, false, true);
-  pass(own, own_end, false, false);
+  for (Step step : {kBias, kRepetition, kSubtract}) pass(all, all + t.every_row.size(), true, step);
+  for (Step step : {kBias, kRepetition, kSubtract}) pass(own, own_end, false, step);
 }
 
 void Backend::apply_penalties(Tensor& logits, const PenaltyTokens& t) {

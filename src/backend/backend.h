@@ -88,9 +88,10 @@ struct RowDraw {
 };
 
 // Penalties for rows of logits that stay where they are (Backend::apply_penalties): token ids,
-// each with what it takes, x → (repeated ? (x < 0 ? x · repetition : x / repetition) : x) −
-// subtract, each step rounded (apply_penalties in engine/sampling.cc, term for term; subtract
-// holds the frequency and presence penalties). `every_row`'s apply to each row, except where
+// each with what it takes: x + bias, then the repetition penalty where `repeated` (y < 0 ?
+// y · repetition : y / repetition), then − subtract, each step rounded (apply_penalties in
+// engine/sampling.cc, term for term; bias is the request's logit bias, subtract its frequency
+// and presence penalties). `every_row`'s apply to each row, except where
 // the row has its own entry for the token, own[row_first[r] … row_first[r + 1]): then that one,
 // which is the token's whole penalty for the row (a drafted block's rows see one more token
 // each). engine/sampling.h's PenaltyHistory builds them. Each id at most once in each list.
@@ -98,6 +99,7 @@ struct PenaltyEntry {
   int32_t id = 0;
   uint32_t repeated = 0;  // 1: the repetition penalty applies
   float subtract = 0.f;
+  float bias = 0.f;
 };
 struct PenaltyTokens {
   std::vector<PenaltyEntry> every_row;

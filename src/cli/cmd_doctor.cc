@@ -641,6 +641,7 @@ class Doctor {
     sp.repetition_penalty = repetition;
     sp.presence_penalty = presence;
     sp.frequency_penalty = frequency;
+    if (frequency != 0.f) sp.logit_bias = {{drafts[0], 2.5f}, {int32_t(cols - 1), 5.f}, {0, -100.f}};
     const PenaltyTokens tokens =
         penalty_tokens(sp, int(cols), TokenHistory{&prompt, &output, drafts.data(), int(drafts.size())}, int(rows));
     Tensor xt = t_.upload(host.data(), rows, cols), xr = r_.upload(host.data(), rows, cols);
@@ -660,7 +661,8 @@ class Doctor {
     std::snprintf(note, sizeof note, "%zu + %zu entries, bit for bit (µs: the op and one value read back)",
                   tokens.every_row.size(), tokens.own.size());
     char what[80];
-    std::snprintf(what, sizeof what, " rep %.2f presence %.2f freq %.2f", repetition, presence, frequency);
+    std::snprintf(what, sizeof what, " rep %.2f presence %.2f freq %.2f%s", repetition, presence, frequency,
+                  sp.logit_bias.empty() ? "" : " bias");
     row("apply_penalties", shape("logits", rows, cols) + what, err, err, 0, wrong == 0, us, note);
   }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 
 #include "util/error.h"
 
@@ -22,6 +23,19 @@ SamplingParams SamplingArgs::params() const {
   p.presence_penalty = presence_penalty;
   p.frequency_penalty = frequency_penalty;
   p.seed = seed;
+  for (const std::string& b : logit_bias) {
+    const size_t colon = b.find(':');
+    size_t id_end = 0, bias_end = 0;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      const int id = std::stoi(b.substr(0, colon), &id_end);
+      const float bias = std::stof(b.substr(colon + 1), &bias_end);
+      if (id_end != colon || bias_end != b.size() - colon - 1) throw std::invalid_argument("trailing characters");
+      p.logit_bias.emplace_back(id, bias);
+    } catch (const std::logic_error&) {
+      throw Error("--logit-bias " + b + ": expected TOKEN_ID:BIAS, for example 151643:-100");
+    }
+  }
   return p;
 }
 
@@ -64,6 +78,7 @@ void add_sampling_options(CLI::App& app, SamplingArgs& a) {
   app.add_option("--repetition-penalty", a.repetition_penalty);
   app.add_option("--presence-penalty", a.presence_penalty, "subtracted from each token the output holds");
   app.add_option("--frequency-penalty", a.frequency_penalty, "times the number of times the output holds the token, subtracted");
+  app.add_option("--logit-bias", a.logit_bias, "TOKEN_ID:BIAS added to that token's logit (repeat for more tokens)");
   app.add_option("--seed", a.seed);
 }
 

@@ -39,7 +39,8 @@ struct SamplingArgs {
          frequency_penalty = 0.0;
   int top_k = 0;
   uint64_t seed = 0;
-  SamplingParams params() const;
+  std::vector<std::string> logit_bias;  // "ID:BIAS", as given
+  SamplingParams params() const;  // throws dflash::Error naming a malformed --logit-bias
 };
 
 struct LoadedModels {

@@ -40,6 +40,10 @@ void Engine::check_request(const GenerationRequest& r) const {
   for (int32_t t : r.prompt)
     if (t < 0 || t >= vocab)
       throw Error("prompt token id " + std::to_string(t) + " is outside the vocabulary (0 … " + std::to_string(vocab - 1) + ")");
+  for (const auto& [t, bias] : r.sampling.logit_bias)
+    if (t >= vocab)
+      throw Error("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary (0 … " +
+                  std::to_string(vocab - 1) + ")");
 }
 
 GenerationResult Engine::generate(const GenerationRequest& r) {

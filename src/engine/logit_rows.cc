@@ -91,6 +91,7 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
   if (penalties_) penalty_history_.emplace(sp, vocab);
   sp_.repetition_penalty = 1.0;
   sp_.presence_penalty = sp_.frequency_penalty = 0.0;
+  sp_.logit_bias.clear();
   const bool sampled = !sp.greedy(), every_k = sp.top_k == 0 || sp.top_k >= vocab;
   // Temperature alone: no candidate set is smaller than the row.
   const bool temperature_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p == 0.0;

@@ -20,6 +20,12 @@ void validate(const SamplingParams& p) {
   if (!(p.repetition_penalty > 0.0)) throw Error("repetition_penalty must be > 0");
   if (!std::isfinite(p.presence_penalty)) throw Error("presence_penalty must be finite");
   if (!std::isfinite(p.frequency_penalty)) throw Error("frequency_penalty must be finite");
+  std::unordered_set<int32_t> biased;
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0) throw Error("logit_bias: token id " + std::to_string(id) + " is negative");
+    if (!std::isfinite(bias)) throw Error("logit_bias: the bias of token " + std::to_string(id) + " is not finite");
+    if (!biased.insert(id).second) throw Error("logit_bias: token id " + std::to_string(id) + " is given twice");
+  }
 }
 
 int32_t argmax(const float* v, int n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
@@ -29,6 +35,8 @@ float penalty_subtract(const SamplingParams& p, int count) {
 }
 
 void apply_penalties(float* logits, int vocab, const SamplingParams& p, const TokenHistory& h) {
+  for (const auto& [t, bias] : p.logit_bias)
+    if (t >= 0 && t < vocab) logits[t] += bias;
   if (p.repetition_penalty != 1.0) {
     std::unordered_set<int32_t> seen;
     auto mark = [&](int32_t t) { if (t >= 0 && t < vocab) seen.insert(t); };
@@ -54,7 +62,7 @@ PenaltyEntry& PenaltyHistory::entry(int32_t id) {
   int32_t& at = at_[size_t(id)];
   if (at < 0) {
     at = static_cast<int32_t>(every_row_.size());
-    every_row_.push_back(PenaltyEntry{id, 0, 0.f});
+    every_row_.push_back(PenaltyEntry{id, 0, 0.f, 0.f});
   }
   return every_row_[size_t(at)];
 }
@@ -68,6 +76,8 @@ PenaltyTokens PenaltyHistory::tokens(const TokenHistory& h, int rows) {
     at_.assign(size_t(vocab_), -1);
     count_.assign(size_t(vocab_), 0);
     every_row_.clear();
+    for (const auto& [id, bias] : p_.logit_bias)
+      if (id >= 0 && id < vocab_) entry(id).bias = bias;
     prompt_ = h.prompt;
     output_ = h.output;
     prompt_taken_ = output_taken_ = 0;
@@ -97,8 +107,10 @@ PenaltyTokens PenaltyHistory::tokens(const TokenHistory& h, int rows) {
       if (it == drafted.end()) drafted.emplace_back(id, 1);
       else ++it->second;
     }
-    for (const auto& [id, n] : drafted)
-      t.own.push_back(PenaltyEntry{id, uint32_t(repetition), penalty_subtract(p_, count_[size_t(id)] + n)});
+    for (const auto& [id, n] : drafted) {
+      const float bias = at_[size_t(id)] < 0 ? 0.f : every_row_[size_t(at_[size_t(id)])].bias;
+      t.own.push_back(PenaltyEntry{id, uint32_t(repetition), penalty_subtract(p_, count_[size_t(id)] + n), bias});
+    }
     t.row_first.push_back(static_cast<int32_t>(t.own.size()));
   }
   return t;

@@ -19,12 +19,17 @@ struct SamplingParams {
   double repetition_penalty = 1.0;  // over prompt and output, as transformers applies it
   double presence_penalty = 0.0;    // over output tokens, as the OpenAI API defines it
   double frequency_penalty = 0.0;   // × each output token's count, as the OpenAI API defines it
+  // Added to those tokens' logits before the penalties (the OpenAI API's logit_bias); an id
+  // at most once.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
 
   bool greedy() const { return temperature <= 0.0; }
   // Greedy with nothing that needs the host's view of the logits: the backend's argmax is
   // the whole choice, so only token ids leave the device.
-  bool penalised() const { return repetition_penalty != 1.0 || presence_penalty != 0.0 || frequency_penalty != 0.0; }
+  bool penalised() const {
+    return repetition_penalty != 1.0 || presence_penalty != 0.0 || frequency_penalty != 0.0 || !logit_bias.empty();
+  }
   bool argmax_only() const { return greedy() && !penalised(); }
 };
 
@@ -91,10 +96,10 @@ class SupportLaw final : public TokenLaw {
   TokenDistribution d_;
 };
 
-// In place on one row of `vocab` logits: the repetition penalty over the distinct tokens of
-// prompt, output and extra (x < 0 ? x · r : x / r, as transformers' processor), then for each
-// distinct output or extra token one subtraction of penalty_subtract (count · frequency +
-// presence, the OpenAI API's two penalties).
+// In place on one row of `vocab` logits: the logit bias, then the repetition penalty over the
+// distinct tokens of prompt, output and extra (x < 0 ? x · r : x / r, as transformers' processor
+// after its sequence bias), then for each distinct output or extra token one subtraction of
+// penalty_subtract (count · frequency + presence, the OpenAI API's two penalties).
 void apply_penalties(float* logits, int vocab, const SamplingParams& p, const TokenHistory& h);
 float penalty_subtract(const SamplingParams& p, int count);  // rounded once, from f64
 // apply_penalties for `rows` rows of a causal block, as Backend::apply_penalties takes them: row

@@ -1,5 +1,6 @@
 #include "server/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -82,8 +83,6 @@ void reject_unsupported(const ojson& body, Endpoint e) {
   if (const ojson* t = find(body, "tools"); t && !(t->is_array() && t->empty())) throw unsupported("tools", "tools");
   if (const ojson* f = find(body, "functions"); f && !(f->is_array() && f->empty()))
     throw unsupported("functions", "functions");
-  if (const ojson* lb = find(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    throw unsupported("logit_bias", "logit_bias");
   if (const ojson* rf = find(body, "response_format")) {
     if (!rf->is_object()) throw wrong_type("response_format", "an object", *rf);
     if (rf->value("type", std::string("text")) != "text")
@@ -190,6 +189,24 @@ void parse_sampling(const ojson& body, SamplingParams& p) {
   p.min_p = get_number(body, "min_p", 0, 1).value_or(0.0);
   p.presence_penalty = get_number(body, "presence_penalty", -2, 2).value_or(0.0);
   p.frequency_penalty = get_number(body, "frequency_penalty", -2, 2).value_or(0.0);
+  if (const ojson* lb = find(body, "logit_bias")) {  // {"token id": bias in [-100, 100]}, as OpenAI's
+    if (!lb->is_object()) throw wrong_type("logit_bias", "an object", *lb);
+    for (const auto& [key, value] : lb->items()) {
+      const std::string param = "logit_bias." + key;
+      const bool digits = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      });
+      if (!digits) throw bad_request("logit_bias: key \"" + key + "\" is not a token id", "logit_bias");
+      if (!value.is_number()) throw wrong_type(param, "a number", value);
+      const double bias = value.get<double>();
+      if (!(bias >= -100 && bias <= 100))
+        throw bad_request(param + " must be in [-100, 100], got " + value.dump(), "logit_bias");
+      const int32_t id = std::stoi(key);
+      if (std::any_of(p.logit_bias.begin(), p.logit_bias.end(), [&](const auto& b) { return b.first == id; }))
+        throw bad_request("logit_bias: token id " + std::to_string(id) + " is given twice", "logit_bias");
+      p.logit_bias.emplace_back(id, static_cast<float>(bias));
+    }
+  }
   p.repetition_penalty = get_number(body, "repetition_penalty", 0, 10, true).value_or(1.0);
   if (auto seed = get_int(body, "seed")) p.seed = static_cast<uint64_t>(*seed);
 }

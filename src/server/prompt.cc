@@ -72,6 +72,11 @@ PreparedPrompt prepare_prompt(const CompletionRequest& r, const Tokenizer& tok, 
                           "prompt", "invalid_token_id");
   }
   if (p.ids.empty()) throw bad_request("the prompt is empty: at least one token is needed", prompt_param, "empty_prompt");
+  for (const auto& [id, bias] : r.sampling.logit_bias)
+    if (id >= limits.vocab_size)
+      throw bad_request("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary (0 ... " +
+                            std::to_string(limits.vocab_size - 1) + ")",
+                        "logit_bias", "invalid_token_id");
 
   const int64_t n = static_cast<int64_t>(p.ids.size());
   const int64_t ctx = limits.context_length;

@@ -12,9 +12,10 @@ namespace {
 constexpr int kThreads = 256;
 
 // One entry's penalty, rounded as the host rounds it (backend.cc, penalise_row): the
-// intrinsics keep nvcc from fusing x·r − s.
+// intrinsics keep nvcc from fusing any two steps (x·r − s).
 __device__ __forceinline__ void penalise(float* row, const PenaltyEntry& e, float repetition) {
   float x = row[e.id];
+  if (e.bias != 0.f) x = __fadd_rn(x, e.bias);
   if (e.repeated) x = x < 0 ? __fmul_rn(x, repetition) : __fdiv_rn(x, repetition);
   if (e.subtract != 0.f) x = __fsub_rn(x, e.subtract);
   row[e.id] = x;
