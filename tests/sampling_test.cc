@@ -716,8 +716,9 @@ TEST(Penalties, EveryFormGivesThePenalisedRowsDistribution) {
 }
 
 // The repetition penalty and the logit bias against transformers' RepetitionPenaltyLogitsProcessor
-// and SequenceBiasLogitsProcessor (the golden's penalty and bias cases) through LogitRows, the rows penalised by the backend, in the forms the CPU
-// reads (candidates, whole rows) and those the GPU leaves on the device (forced here).
+// and SequenceBiasLogitsProcessor (the golden's penalty and bias cases) through LogitRows, the
+// rows penalised by the backend, in the forms the CPU reads (candidates, whole rows) and those
+// the GPU leaves on the device (forced here).
 TEST(Penalties, KeepTransformersTokens) {
   auto cpu = make_cpu_backend();
   const auto g = read_json_file(source_path("testdata/sampling/warpers_golden.json"));

@@ -626,9 +626,10 @@ class Doctor {
     row("top_p_laws", shape("logits", rows, cols) + what, err, err, 1e-6, wrong == 0 && err <= 1e-6, law_us, note);
   }
 
-  // Repetition, presence and frequency penalties on a block of rows where they are (the rows a sampler with
-  // penalties then reads as it reads any): a history of `history` tokens with repeats, drafts
-  // repeating it, each row against the CPU's bit for bit. Error: 1 for any differing logit.
+  // Repetition, presence and frequency penalties (with a logit bias where frequency is set) on a
+  // block of rows where they are (the rows a sampler with penalties then reads as it reads any):
+  // a history of `history` tokens with repeats, drafts repeating it, each row against the CPU's
+  // bit for bit. Error: 1 for any differing logit.
   void penalties(int64_t rows, int64_t cols, int history, float repetition, float presence, float frequency) {
     std::uniform_real_distribution<float> u(-6.f, 6.f);
     std::vector<float> host(size_t(rows * cols));

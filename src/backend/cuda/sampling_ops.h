@@ -1,9 +1,10 @@
 #pragma once
 // The CUDA backend's sampling ops (Backend::top_k_rows, top_p_rows, row_laws, scaled_at,
-// draw_from_rows, top_p_laws, draw_from_excess, apply_penalties): each queues its kernels (candidates.cu,
-// row_law.cu, penalties.cu) on the backend's stream and brings back only what the sampler needs,
-// in one copy and one wait (read_back.h); apply_penalties brings back nothing. The backend checks top_k_rows' and top_p_rows' logits and answers
-// their empty cases (no rows, k or the cap 0) before calling them; the others check their own.
+// draw_from_rows, top_p_laws, draw_from_excess, apply_penalties): each queues its kernels
+// (candidates.cu, row_law.cu, penalties.cu) on the backend's stream and brings back only what
+// the sampler needs, in one copy and one wait (read_back.h); apply_penalties brings back
+// nothing. The backend checks top_k_rows' and top_p_rows' logits and answers their empty cases
+// (no rows, k or the cap 0) before calling them; the others check their own.
 #include <cuda_runtime.h>
 
 #include <cstdint>
