@@ -633,6 +633,15 @@ TEST(CudaSampling, CandidateFormsGiveTheWholeRowsDistribution) {
 
 namespace {
 
+// rows × vocab logits, uniform in [lo, hi) from mt19937(seed), row after row.
+std::vector<float> uniform_rows(int rows, int vocab, unsigned seed, float lo, float hi) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> host(size_t(rows) * vocab);
+  for (auto& v : host) v = u(gen);
+  return host;
+}
+
 // Rows left on the device (g, on the GPU) draw what the CPU backend's draw in the same form (c)
 // from the same uniforms, one row at a time (`draws` a row, p(d) alike, `excess` draws from the
 // excess of each row over the next), then a block in one call and p(d) of other ids in one
@@ -685,10 +694,7 @@ TEST(CudaSampling, RowsLeftOnTheDeviceDrawWhatTheHostDraws) {
   REQUIRE_GPU(backend);
   auto cpu = make_cpu_backend();
   const int rows = 4, vocab = 151936;
-  std::mt19937 gen(9);
-  std::uniform_real_distribution<float> u(-4.f, 8.f);
-  std::vector<float> host(size_t(rows) * vocab);
-  for (auto& v : host) v = u(gen);
+  std::vector<float> host = uniform_rows(rows, vocab, 9, -4.f, 8.f);
   Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
   SamplingParams sp;
   sp.temperature = 0.8;
@@ -761,10 +767,7 @@ TEST(CudaSampling, TopPRowsLeftOnTheDeviceDrawWhatTheHostDraws) {
   REQUIRE_GPU(backend);
   auto cpu = make_cpu_backend();
   const int rows = 4, vocab = 151936;
-  std::mt19937 gen(23);
-  std::uniform_real_distribution<float> u(0.f, 0.5f);
-  std::vector<float> host(size_t(rows) * vocab);
-  for (auto& v : host) v = u(gen);
+  std::vector<float> host = uniform_rows(rows, vocab, 23, 0.f, 0.5f);
   Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
   for (const auto& [top_p, min_p] : std::vector<std::pair<double, double>>{{0.9, 0.0}, {1.0, 0.7}, {0.9, 0.8}}) {
     SCOPED_TRACE("top_p " + std::to_string(top_p) + " min_p " + std::to_string(min_p));
@@ -803,10 +806,7 @@ TEST(CudaSampling, PenaltiesAreTheHostsBitForBit) {
   REQUIRE_GPU(backend);
   auto cpu = make_cpu_backend();
   const int rows = 16, vocab = 151936;
-  std::mt19937 gen(5);
-  std::uniform_real_distribution<float> u(-6.f, 6.f);
-  std::vector<float> host(size_t(rows) * vocab);
-  for (auto& v : host) v = u(gen);
+  std::vector<float> host = uniform_rows(rows, vocab, 5, -6.f, 6.f);
   host[7] = 0.f;
   host[size_t(vocab) + 7] = -INFINITY;
   const LongHistory lh(vocab, rows);
@@ -842,10 +842,7 @@ TEST(CudaSampling, PenalisedRowsLeftOnTheDeviceDrawWhatTheHostDraws) {
   REQUIRE_GPU(backend);
   auto cpu = make_cpu_backend();
   const int rows = 4, vocab = 151936;
-  std::mt19937 gen(29);
-  std::uniform_real_distribution<float> u(0.f, 0.5f);
-  std::vector<float> host(size_t(rows) * vocab);
-  for (auto& v : host) v = u(gen);
+  std::vector<float> host = uniform_rows(rows, vocab, 29, 0.f, 0.5f);
   Tensor on_gpu = backend->upload(host.data(), rows, vocab), on_cpu = cpu->upload(host.data(), rows, vocab);
   const LongHistory lh(vocab, rows);
   SamplingParams sp;

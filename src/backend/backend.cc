@@ -359,17 +359,6 @@ void Backend::penalise_row(float* row, int64_t r, const PenaltyTokens& t) {
   for (Step step : {kBias, kRepetition, kSubtract}) pass(own, own_end, false, step);
 }
 
-void Backend::apply_penalties(Tensor& logits, const PenaltyTokens& t) {
-  check_penalty_tokens(logits, t);
-  const int64_t rows = int64_t(t.row_first.size()) - 1;
-  if (rows == 0) return;
-  Tensor part = logits.slice_rows(0, rows);
-  std::vector<float> host(size_t(rows * part.cols));
-  download(part, host.data());
-  for (int64_t r = 0; r < rows; ++r) penalise_row(host.data() + r * part.cols, r, t);
-  copy(upload(host.data(), rows, part.cols), part);
-}
-
 void Backend::check_top_p(float top_p, float min_p, const char* op) {
   if (!(top_p > 0.f && top_p <= 1.f))
     throw Error(std::string(op) + ": top_p " + std::to_string(top_p) + " outside (0, 1]");

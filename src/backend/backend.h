@@ -202,9 +202,8 @@ class Backend {
                                    int64_t rq, const RowLaw& lq, float inv_t, double u);
 
   // Penalises rows 0 … t.row_first.size() − 2 of F32 logits in place (PenaltyTokens), so that
-  // a sampler with penalties can read the rows in any form it reads unpenalised ones. The
-  // default downloads the rows, penalises them on the host and copies them back.
-  virtual void apply_penalties(Tensor& logits, const PenaltyTokens& t);
+  // a sampler with penalties can read the rows in any form it reads unpenalised ones.
+  virtual void apply_penalties(Tensor& logits, const PenaltyTokens& t) = 0;
   // apply_penalties' argument check, shared by every backend: the error names the entry.
   static void check_penalty_tokens(const Tensor& logits, const PenaltyTokens& t);
   // apply_penalties of one row where it is in host memory.

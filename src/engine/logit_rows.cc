@@ -84,14 +84,10 @@ class DeviceRowLaw final : public TokenLaw {
 
 LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
     : backend_(b),
-      sp_(sp),
+      sp_(sp.without_penalties()),
       vocab_(vocab),
-      inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)),
-      penalties_(sp.penalised()) {
-  if (penalties_) penalty_history_.emplace(sp, vocab);
-  sp_.repetition_penalty = 1.0;
-  sp_.presence_penalty = sp_.frequency_penalty = 0.0;
-  sp_.logit_bias.clear();
+      inv_t_(sp.greedy() ? 1.f : static_cast<float>(1.0 / sp.temperature)) {
+  if (sp.penalised()) penalty_history_.emplace(sp, vocab);
   const bool sampled = !sp.greedy(), every_k = sp.top_k == 0 || sp.top_k >= vocab;
   // Temperature alone: no candidate set is smaller than the row.
   const bool temperature_alone = sampled && every_k && sp.top_p >= 1.0 && sp.min_p == 0.0;
@@ -112,7 +108,7 @@ LogitRows::LogitRows(Backend& b, const SamplingParams& sp, int vocab)
   // those forms). The same distributions either way.
   const char* e = std::getenv("DFLASH_LOGIT_ROWS");
   const std::string env = e ? e : "";
-  if (env == "whole" && (form_ != Form::Argmax || penalties_)) form_ = Form::Rows;
+  if (env == "whole" && (form_ != Form::Argmax || penalty_history_)) form_ = Form::Rows;
   if (env == "device" && temperature_alone) form_ = Form::DeviceRows;
   if (env == "device" && min_p_alone) form_ = Form::TopP;
   // A top-p row whose nucleus is over the candidate cap keeps its law (Backend::top_p_laws)
@@ -125,7 +121,7 @@ void LogitRows::read(const Tensor& logits, const TokenHistory& h) {
   if (logits.cols != vocab_)
     throw Error("logit rows: " + logits.describe() + " for a vocabulary of " + std::to_string(vocab_));
   logits_ = logits;
-  if (penalties_) {  // on a copy, so that the caller's logits stay as they were
+  if (penalty_history_) {  // on a copy, so that the caller's logits stay as they were
     logits_ = backend_.alloc(logits.rows, logits.cols, DType::F32);
     backend_.copy(logits, logits_);
     backend_.apply_penalties(logits_, penalty_history_->tokens(h, int(logits.rows)));
@@ -273,8 +269,8 @@ void LogitRows::look_up(const int32_t* ids, int n) {
 
 int32_t LogitRows::choose(int r, Rng& rng) {
   if (form_ == Form::Argmax) return argmax_[size_t(r)];
-  if (form_ != Form::Rows) return law(r).draw(rng);
-  return choose_token(row(r), vocab_, sp_, {}, rng);
+  if (sp_.greedy()) return dflash::argmax(row(r), vocab_);  // penalised rows read whole (measuring)
+  return law(r).draw(rng);
 }
 
 int32_t LogitRows::argmax(int r) {

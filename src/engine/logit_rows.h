@@ -79,10 +79,9 @@ class LogitRows {
 
   Backend& backend_;
   SamplingParams sp_;  // the warpers: read() applies the penalties, and sp_ has none
-  std::optional<PenaltyHistory> penalty_history_;  // the request's penalties, when it has some
   int vocab_;
   float inv_t_;  // 1 / temperature, as the candidate forms scale logits
-  bool penalties_;
+  std::optional<PenaltyHistory> penalty_history_;  // the request's penalties, when it has some
   Form form_;
   Tensor logits_;
   std::vector<int32_t> argmax_;

@@ -297,11 +297,3 @@ int32_t sample_from(const TokenDistribution& d, Rng& rng) {
 }
 
 }  // namespace dflash
-
-namespace dflash {
-int32_t choose_token(const float* logits, int vocab, const SamplingParams& p, const TokenHistory& h, Rng& rng) {
-  if (p.argmax_only()) return argmax(logits, vocab);
-  const TokenDistribution d = token_distribution(logits, vocab, p, h);
-  return p.greedy() ? d.ids[0] : sample_from(d, rng);
-}
-}  // namespace dflash

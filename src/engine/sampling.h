@@ -1,6 +1,6 @@
 #pragma once
-// Turning a row of logits into the next token the way transformers' generate does:
-// repetition penalty, then temperature, top-k, top-p and min-p, then a draw. The same
+// Turning a row of logits into the next token the way transformers' generate does: logit
+// bias and penalties, then temperature, top-k, top-p and min-p, then a draw. The same
 // transforms produce the drafter's q and the target's p for speculative sampling.
 #include <cstdint>
 #include <random>
@@ -31,6 +31,14 @@ struct SamplingParams {
     return repetition_penalty != 1.0 || presence_penalty != 0.0 || frequency_penalty != 0.0 || !logit_bias.empty();
   }
   bool argmax_only() const { return greedy() && !penalised(); }
+  // The warpers alone: what is left to apply once the penalties and the bias have been.
+  SamplingParams without_penalties() const {
+    SamplingParams w = *this;
+    w.repetition_penalty = 1.0;
+    w.presence_penalty = w.frequency_penalty = 0.0;
+    w.logit_bias.clear();
+    return w;
+  }
 };
 
 // Validates ranges; throws dflash::Error naming the parameter.
@@ -145,9 +153,4 @@ TokenDistribution distribution_of_candidates(std::vector<int32_t> ids, std::vect
 int32_t sample_from(const TokenDistribution& d, Rng& rng);
 int32_t argmax(const float* v, int n);
 
-}  // namespace dflash
-
-namespace dflash {
-// The token a row of logits yields under `p`: the (penalised) argmax when greedy, else a draw.
-int32_t choose_token(const float* logits, int vocab, const SamplingParams& p, const TokenHistory& h, Rng& rng);
 }  // namespace dflash
