@@ -580,17 +580,20 @@ int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
 constexpr int kSchedCounters = 64;
 __device__ unsigned g_sched_counters[kSchedCounters];
 
-unsigned* sched_counter(cudaStream_t s) {
+int stream_slot(cudaStream_t s) {
   static std::mutex mutex;
   static std::map<cudaStream_t, int> slots;
+  std::lock_guard<std::mutex> lock(mutex);
+  return slots.try_emplace(s, static_cast<int>(slots.size() % kSchedCounters)).first->second;
+}
+
+unsigned* sched_counter(cudaStream_t s) {
   static unsigned* base = [] {
     void* p = nullptr;
     check(cudaGetSymbolAddress(&p, g_sched_counters), "matmul (skinny)", "cudaGetSymbolAddress");
     return static_cast<unsigned*>(p);
   }();
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto it = slots.try_emplace(s, static_cast<int>(slots.size() % kSchedCounters)).first;
-  return base + it->second;
+  return base + stream_slot(s);
 }
 
 template <int MT, int NT, typename Out, int EPI, bool PAIR>
@@ -682,6 +685,347 @@ void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* 
     if (tl.NT == 2) launch_mma<2, 2, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
     else launch_mma<2, 1, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The MLP's two products as one persistent kernel: act = silu(h · gateᵀ) ⊙ (h · upᵀ), consuming
+// the deferred norm (phase A, skinny_mma_persistent_kernel's PAIR product), then x += act · downᵀ
+// emitting the next norm (phase B, the kEpiEmitNorm product). Two launches leave the down
+// product's weights waiting until the last gate/up tile is done and the grid has completed; here a
+// block that runs out of gate/up tiles takes a down tile, issues its first weights at once, and
+// each of its warps starts on its K slice as soon as the gate/up tiles that write that slice of
+// act are done (a count of act columns per slice), so the down weights stream through gate/up's
+// last wave. The tiles, chunks, sums and epilogues are the two kernels', so are the bits.
+//
+// Tile numbers 0 … tiles_gu − 1 are gate/up's, then down's; all of gate/up's are handed out first
+// (the grid, one block a resident slot, is no larger than tiles_gu), so a warp waiting for its
+// slice waits on tiles that resident blocks hold. act is written and read in this kernel: its
+// loads are coherent ones (ld.global after an acquire), never the read-only path. The down
+// epilogue overwrites h (both norms share the buffer) only once every slice is complete, that
+// is once every gate/up tile is past its last read of h.
+struct MlpChain {
+  const __nv_bfloat16* h;  // gate/up's x: bf16(norm_w ⊙ residual)
+  int64_t ldh;
+  const __nv_bfloat16* w_gate_up;
+  int64_t ld_gate_up;
+  __nv_bfloat16* act;
+  int64_t ld_act;
+  const __nv_bfloat16* w_down;
+  int64_t ld_down;
+  float* x;  // the residual stream, accumulated by down
+  int64_t ldx;
+  int M, N_gate_up, K, N_down;  // down's K is N_gate_up / 2
+  int S_gate_up, S_down, tiles_gate_up, tiles_down;
+  SkinnyNorm consume, emit;
+  bool w_uploaded, early_y;
+  unsigned* sched;     // the stream's tile counter (sched_counter)
+  unsigned* counters;  // [s]: act columns done in down's K slice s (s < kWarps); [kWarps]: blocks exited
+};
+
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// 16 bytes of x through L1, coherent (not ld.global.nc): act is written in the same kernel.
+__device__ __forceinline__ uint4 ld_coherent_16(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <int MT>
+__global__ void __launch_bounds__(kWarps * 32, 2) skinny_mlp_kernel(const MlpChain a) {
+  constexpr int NT = 2, U = 8 / NT, kRows = NT * 8;
+  __shared__ float part[kWarps][MT * 16][kRows];
+  __shared__ float inv_rms[MT * 16];
+  __shared__ float sq[MT * 16][kWarps * kRows];
+  __shared__ unsigned next_tile;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int M = a.M;
+  const int tiles = a.tiles_gate_up + a.tiles_down;
+  // Each phase's geometry is worked out from the arguments where it is used (a tile's start, an
+  // epilogue) rather than held: the main loop needs every register it has.
+  // Phase A (gate/up, PAIR: 8 columns of act a warp), phase B (down, 16 columns of x a warp).
+
+  int tile = blockIdx.x;
+  bool is_a = true, active = false;
+  int64_t block_n0 = 0;
+  int c_begin = 0, c_end = 0;
+  const uint4* wrow[NT];
+  auto setup = [&](int tl) {
+    is_a = tl < a.tiles_gate_up;
+    const int S = is_a ? a.S_gate_up : a.S_down, G = kWarps / S, slice = warp / G, group = warp % G;
+    const int chunks = (is_a ? a.K : a.N_gate_up / 2) / 32;
+    c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
+    if (is_a) {
+      const int64_t NO = a.N_gate_up / 2;
+      block_n0 = int64_t(tl) * (G * 8);
+      const int64_t n0 = block_n0 + int64_t(group) * 8;
+      active = n0 < NO && c_begin < c_end;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int64_t n = n0 + g < NO ? nt * NO + n0 + g : int64_t(a.N_gate_up) - 1;
+        wrow[nt] = reinterpret_cast<const uint4*>(a.w_gate_up + n * a.ld_gate_up) + t;
+      }
+    } else {
+      block_n0 = int64_t(tl - a.tiles_gate_up) * (G * kRows);
+      const int64_t n0 = block_n0 + int64_t(group) * kRows;
+      active = n0 < a.N_down && c_begin < c_end;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int64_t n = n0 + nt * 8 + g;
+        wrow[nt] = reinterpret_cast<const uint4*>(a.w_down + (n < a.N_down ? n : int64_t(a.N_down) - 1) * a.ld_down) + t;
+      }
+    }
+  };
+  uint4 cur[U][NT], next[U][NT];
+  auto load = [&](uint4 (&dst)[U][NT], int c) {
+    const int c_last = c_end - 1;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cu = c + u < c_last ? c + u : c_last;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
+    }
+  };
+  setup(tile);
+  if (a.w_uploaded && active) load(cur, c_begin);
+  const TimelineMark mark = grid_dependency_begin();
+  mark.shape(a.N_gate_up + a.N_down, a.K, M);
+  if (!a.w_uploaded && active) load(cur, c_begin);
+  rows_inv_rms<MT>(inv_rms, a.consume, M, a.K, warp, lane);
+
+  bool has_early = false, slice_ready = false;
+  float y_early = 0.f, nw_early = 0.f;
+  auto load_early = [&] {
+    const int cols_b = kWarps / a.S_down * kRows;
+    has_early = !is_a && a.early_y && int(threadIdx.x) < M * cols_b && block_n0 + threadIdx.x % cols_b < a.N_down;
+    if (has_early) {
+      const int64_t n = block_n0 + threadIdx.x % cols_b;
+      y_early = a.x[int64_t(threadIdx.x / cols_b) * a.ldx + n];
+      nw_early = a.emit.norm_w[n];
+    }
+  };
+
+  for (;;) {
+    unsigned taken = 0;
+    if (threadIdx.x == 0) taken = atomicAdd(a.sched, 1u);
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+    if (active) {
+      if (!is_a && !slice_ready) {
+        const unsigned need = unsigned(32 * (c_end - c_begin));
+        if (lane == 0)
+          while (ld_acquire_u32(a.counters + warp / (kWarps / a.S_down)) < need) __nanosleep(64);
+        __syncwarp();
+        slice_ready = true;
+      }
+      const __nv_bfloat16* xb = is_a ? a.h : a.act;
+      const int64_t ldxb = is_a ? a.ldh : a.ld_act;
+      const int c_last = c_end - 1;
+      const uint4* xrow[MT][2];
+      bool xin[MT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int m = mt * 16 + hh * 8 + g;
+          xin[mt][hh] = m < M;
+          xrow[mt][hh] = reinterpret_cast<const uint4*>(xb + int64_t(m < M ? m : 0) * ldxb) + t;
+        }
+      for (int c = c_begin; c < c_end; c += U) {
+        if (c + U < c_end) load(next, c + U);
+        constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
+#pragma unroll
+        for (int u0 = 0; u0 < U; u0 += XU) {
+          uint4 x4[XU][MT][2];
+#pragma unroll
+          for (int u = 0; u < XU; ++u) {
+            const int cu = c + u0 + u < c_last ? c + u0 + u : c_last;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh)
+                x4[u][mt][hh] = xin[mt][hh] ? ld_coherent_16(xrow[mt][hh] + 4 * cu) : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int u = 0; u < XU; ++u) {
+            if (c + u0 + u >= c_end) break;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                const uint4 b = cur[u0 + u][nt];
+                const uint4 lo = x4[u][mt][0], hi = x4[u][mt][1];
+                mma_bf16_16x8x16(acc[mt][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+                mma_bf16_16x8x16(acc[mt][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+              }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) cur[u][nt] = next[u][nt];
+      }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
+    if (threadIdx.x == 0) {
+      next_tile = taken + gridDim.x;
+      if (taken == unsigned(tiles) - 1) *a.sched = 0;
+    }
+    __syncthreads();
+
+    // The next tile's first batch goes out now, before this tile's epilogue.
+    const int this_tile = tile;
+    const bool this_a = is_a;
+    const int64_t this_n0 = block_n0;
+    tile = int(next_tile);
+    const bool more = tile < tiles;  // block-uniform
+    if (more) {
+      setup(tile);
+      if (active) load(cur, c_begin);
+    }
+
+    if (this_a) {
+      // skinny_mma_persistent_kernel's PAIR / kEpiScaleInv epilogue.
+      const int GA = kWarps / a.S_gate_up, cols_a = GA * 8;
+      const int64_t NO_a = a.N_gate_up / 2;
+      for (int i = threadIdx.x; i < M * cols_a; i += blockDim.x) {
+        const int m = i / cols_a, col = i % cols_a;
+        const int64_t n = this_n0 + col;
+        if (n >= NO_a) continue;
+        const int grp = col / 8, r = col % 8;
+        float sum = part[grp][m][r], up = part[grp][m][8 + r];
+        for (int s = 1; s < a.S_gate_up; ++s) sum += part[s * GA + grp][m][r];
+        for (int s = 1; s < a.S_gate_up; ++s) up += part[s * GA + grp][m][8 + r];
+        sum *= inv_rms[m];
+        up *= inv_rms[m];
+        a.act[int64_t(m) * a.ld_act + n] = __float2bfloat16_rn(
+            silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)), __bfloat162float(__float2bfloat16_rn(up))));
+      }
+      __threadfence();
+      __syncthreads();
+      // These columns of act are done: count them in each of down's K slices they fall in.
+      if (threadIdx.x < unsigned(a.S_down)) {
+        const int s = threadIdx.x, chunks_b = a.N_gate_up / 2 / 32;
+        const int64_t lo = 32 * (int64_t(s) * chunks_b / a.S_down), hi = 32 * (int64_t(s + 1) * chunks_b / a.S_down);
+        const int64_t end = this_n0 + cols_a < NO_a ? this_n0 + cols_a : NO_a;
+        const int64_t from = lo > this_n0 ? lo : this_n0, to = hi < end ? hi : end;
+        if (to > from) {
+          __threadfence();
+          atomicAdd(a.counters + s, unsigned(to - from));
+        }
+      }
+    } else {
+      // skinny_mma_persistent_kernel's kEpiEmitNorm epilogue (f32 residual, accumulated).
+      const int GB = kWarps / a.S_down, cols_b = GB * kRows;
+      for (int i = threadIdx.x; i < M * cols_b; i += blockDim.x) {
+        const int m = i / cols_b, col = i % cols_b;
+        const int64_t n = this_n0 + col;
+        if (n >= a.N_down) {
+          sq[m][col] = 0.f;
+          continue;
+        }
+        const int grp = col / kRows, r = col % kRows;
+        float sum = part[grp][m][r];
+        for (int s = 1; s < a.S_down; ++s) sum += part[s * GB + grp][m][r];
+        const bool early = has_early && i == int(threadIdx.x);
+        float* dst = a.x + int64_t(m) * a.ldx + n;
+        const float v = (early ? y_early : *dst) + sum;
+        *dst = v;
+        a.emit.h[int64_t(m) * a.emit.ldh + n] = __float2bfloat16_rn((early ? nw_early : a.emit.norm_w[n]) * v);
+        sq[m][col] = v * v;
+      }
+      __syncthreads();
+      for (int m = warp; m < M; m += kWarps) {
+        float ss = 0.f;
+        for (int col = lane; col < cols_b; col += 32) ss += sq[m][col];
+        ss = warp_sum(ss);
+        if (lane == 0) a.emit.partial_out[int64_t(m) * a.emit.ld_partial + (this_tile - a.tiles_gate_up)] = ss;
+      }
+    }
+    if (!more) break;
+    load_early();
+    __syncthreads();  // part and sq are written again by the next tile
+  }
+  // The last block out sets the slice counts back for the next launch (nobody waits on them now).
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(a.counters + kWarps, 1u) == gridDim.x - 1) {
+    for (int s = 0; s < kWarps; ++s) a.counters[s] = 0;
+    a.counters[kWarps] = 0;
+  }
+  mark.exit();
+}
+
+// skinny_mlp_kernel's slice counts, a row of them per stream slot (as the tile counters).
+__device__ unsigned g_mlp_counters[kSchedCounters][kWarps + 1];
+
+unsigned* mlp_counters(cudaStream_t s) {
+  static unsigned* base = [] {
+    void* p = nullptr;
+    check(cudaGetSymbolAddress(&p, g_mlp_counters), "mlp (skinny)", "cudaGetSymbolAddress");
+    return static_cast<unsigned*>(p);
+  }();
+  return base + int64_t(stream_slot(s)) * (kWarps + 1);
+}
+
+template <int MT>
+int64_t mlp_slots() {
+  static const int64_t slots = [] {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mlp_kernel<MT>, kWarps * 32, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      per_sm = 0;
+    }
+    return int64_t(per_sm) * mma_settings().sms;
+  }();
+  return slots;
+}
+
+// DFLASH_SKINNY_MLP=0 launches the MLP's two products apart (to measure against).
+bool mlp_chain_enabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("DFLASH_SKINNY_MLP");
+    return !(e && std::string(e) == "0");
+  }();
+  return enabled;
+}
+
+// The chain's tiling (each product's own, see skinny_mlp_kernel), or tiles_gate_up = 0 where it
+// does not apply: from the shapes, never M (beyond its m16 tile count).
+MlpChain mlp_chain_tiling(int M, int N_gate_up, int K, int N_down) {
+  MlpChain c{};
+  const MmaSettings& ms = mma_settings();
+  if (!mlp_chain_enabled() || !ms.enabled || ms.persist != 2 || M < 1 || M > kSkinnyMaxRows || K % 32 != 0 ||
+      N_gate_up % 64 != 0)
+    return c;
+  const int K_down = N_gate_up / 2;
+  const MmaTiling gu = mma_tiling(N_gate_up, K, ms.target_warps, ms.block_slots);
+  const MmaTiling down = mma_tiling(N_down, K_down, ms.target_warps, ms.block_slots);
+  if (down.NT != 2) return c;
+  const int64_t tiles_gu = mma_blocks(N_gate_up, 2, gu.S, true), tiles_down = mma_blocks(N_down, 2, down.S, false);
+  const int64_t slots = M <= 16 ? mlp_slots<1>() : mlp_slots<2>();
+  if (slots <= 0 || tiles_gu < slots || tiles_gu + tiles_down > INT32_MAX) return c;
+  c.M = M, c.N_gate_up = N_gate_up, c.K = K, c.N_down = N_down;
+  c.S_gate_up = gu.S, c.S_down = down.S;
+  c.tiles_gate_up = int(tiles_gu), c.tiles_down = int(tiles_down);
+  return c;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -963,6 +1307,31 @@ void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t l
     launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
   else
     launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
+}
+
+bool skinny_mlp_applies(int M, int N_gate_up, int K, int N_down) {
+  return mlp_chain_tiling(M, N_gate_up, K, N_down).tiles_gate_up > 0;
+}
+
+void skinny_mlp(const void* h, int64_t ldh, const void* w_gate_up, int64_t ld_gate_up, void* act, int64_t ld_act,
+                const void* w_down, int64_t ld_down, float* x, int64_t ldx, int M, int N_gate_up, int K, int N_down,
+                bool w_uploaded, const SkinnyNorm& consume, const SkinnyNorm& emit, cudaStream_t s) {
+  MlpChain c = mlp_chain_tiling(M, N_gate_up, K, N_down);
+  if (c.tiles_gate_up == 0) throw Error("cuda mlp: the chained kernel called where it does not apply");
+  c.h = static_cast<const __nv_bfloat16*>(h), c.ldh = ldh;
+  c.w_gate_up = static_cast<const __nv_bfloat16*>(w_gate_up), c.ld_gate_up = ld_gate_up;
+  c.act = static_cast<__nv_bfloat16*>(act), c.ld_act = ld_act;
+  c.w_down = static_cast<const __nv_bfloat16*>(w_down), c.ld_down = ld_down;
+  c.x = x, c.ldx = ldx;
+  c.consume = consume, c.emit = emit;
+  c.w_uploaded = w_uploaded && mma_settings().prewait;
+  c.early_y = mma_settings().early_y;
+  c.sched = sched_counter(s);
+  c.counters = mlp_counters(s);
+  if (M <= 16)
+    launch_kernel("mlp (skinny)", skinny_mlp_kernel<1>, unsigned(mlp_slots<1>()), kWarps * 32, 0, s, c);
+  else
+    launch_kernel("mlp (skinny)", skinny_mlp_kernel<2>, unsigned(mlp_slots<2>()), kWarps * 32, 0, s, c);
 }
 
 }  // namespace dflash::cuda
