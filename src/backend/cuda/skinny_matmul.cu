@@ -700,7 +700,7 @@ void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* 
 // Tile numbers 0 … tiles_gu − 1 are gate/up's, then down's; all of gate/up's are handed out first
 // (the grid, one block a resident slot, is no larger than tiles_gu), so a warp waiting for its
 // slice waits on tiles that resident blocks hold. act is written and read in this kernel: its
-// loads are coherent ones (ld.global after an acquire), never the read-only path. The down
+// loads are plain ones after an acquire, never the read-only path (__ldg). The down
 // epilogue overwrites h (both norms share the buffer) only once every slice is complete, that
 // is once every gate/up tile is past its last read of h.
 struct MlpChain {
@@ -719,19 +719,22 @@ struct MlpChain {
   SkinnyNorm consume, emit;
   bool w_uploaded, early_y;
   unsigned* sched;     // the stream's tile counter (sched_counter)
-  unsigned* counters;  // [s]: act columns done in down's K slice s (s < kWarps); [kWarps]: blocks exited
+  unsigned* counters;  // [s · kCounterStride]: act columns done in down's K slice s (s < kWarps); [kWarps · …]: blocks exited
+  bool signal_each_tile;  // false: a block publishes its gate/up columns once, as it turns to down's tiles
+  unsigned poll_ns;       // the longest sleep between two polls of a slice's count
 };
+
+// The counts sit 256 bytes apart: each in its own L2 line, so the warps polling them do not all
+// queue at one L2 slice with the weights behind them.
+constexpr int kCounterStride = 64;
+
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
+  asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// 16 bytes of x through L1, coherent (not ld.global.nc): act is written in the same kernel.
-__device__ __forceinline__ uint4 ld_coherent_16(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
@@ -742,6 +745,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_mlp_kernel(const MlpCha
   __shared__ float inv_rms[MT * 16];
   __shared__ float sq[MT * 16][kWarps * kRows];
   __shared__ unsigned next_tile;
+  __shared__ unsigned pending[kWarps];  // gate/up columns done here, not yet published, a slice each
+  if (threadIdx.x < kWarps) pending[threadIdx.x] = 0;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -825,8 +830,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_mlp_kernel(const MlpCha
     if (active) {
       if (!is_a && !slice_ready) {
         const unsigned need = unsigned(32 * (c_end - c_begin));
-        if (lane == 0)
-          while (ld_acquire_u32(a.counters + warp / (kWarps / a.S_down)) < need) __nanosleep(64);
+        if (lane == 0) {
+          const unsigned* count = a.counters + warp / (kWarps / a.S_down) * kCounterStride;
+          for (unsigned ns = 128; ld_acquire_u32(count) < need; ns = ns < a.poll_ns ? 2 * ns : ns) __nanosleep(ns);
+        }
         __syncwarp();
         slice_ready = true;
       }
@@ -856,7 +863,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_mlp_kernel(const MlpCha
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
               for (int hh = 0; hh < 2; ++hh)
-                x4[u][mt][hh] = xin[mt][hh] ? ld_coherent_16(xrow[mt][hh] + 4 * cu) : make_uint4(0, 0, 0, 0);
+                x4[u][mt][hh] = xin[mt][hh] ? xrow[mt][hh][4 * cu] : make_uint4(0, 0, 0, 0);  // coherent: not __ldg
           }
 #pragma unroll
           for (int u = 0; u < XU; ++u) {
@@ -919,18 +926,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_mlp_kernel(const MlpCha
         a.act[int64_t(m) * a.ld_act + n] = __float2bfloat16_rn(
             silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)), __bfloat162float(__float2bfloat16_rn(up))));
       }
-      __threadfence();
-      __syncthreads();
-      // These columns of act are done: count them in each of down's K slices they fall in.
+      // These columns of act are done: count them in each of down's K slices they fall in, and
+      // publish the counts (each tile, or once the block turns to down's tiles: a_signal). One
+      // release a slice, from warp 0 after the barrier: a fence in every thread would wait for
+      // every warp's next weights in flight.
       if (threadIdx.x < unsigned(a.S_down)) {
-        const int s = threadIdx.x, chunks_b = a.N_gate_up / 2 / 32;
-        const int64_t lo = 32 * (int64_t(s) * chunks_b / a.S_down), hi = 32 * (int64_t(s + 1) * chunks_b / a.S_down);
+        const int sl = threadIdx.x, chunks_b = a.N_gate_up / 2 / 32;
+        const int64_t lo = 32 * (int64_t(sl) * chunks_b / a.S_down), hi = 32 * (int64_t(sl + 1) * chunks_b / a.S_down);
         const int64_t end = this_n0 + cols_a < NO_a ? this_n0 + cols_a : NO_a;
         const int64_t from = lo > this_n0 ? lo : this_n0, to = hi < end ? hi : end;
-        if (to > from) {
-          __threadfence();
-          atomicAdd(a.counters + s, unsigned(to - from));
-        }
+        if (to > from) pending[sl] += unsigned(to - from);
+      }
+      __syncthreads();
+      if (threadIdx.x < unsigned(a.S_down) && (a.signal_each_tile || !more || !is_a) && pending[threadIdx.x] > 0) {
+        red_release_add(a.counters + threadIdx.x * kCounterStride, pending[threadIdx.x]);
+        pending[threadIdx.x] = 0;
       }
     } else {
       // skinny_mma_persistent_kernel's kEpiEmitNorm epilogue (f32 residual, accumulated).
@@ -966,15 +976,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_mlp_kernel(const MlpCha
   }
   // The last block out sets the slice counts back for the next launch (nobody waits on them now).
   __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(a.counters + kWarps, 1u) == gridDim.x - 1) {
-    for (int s = 0; s < kWarps; ++s) a.counters[s] = 0;
-    a.counters[kWarps] = 0;
+  if (threadIdx.x == 0 && atomicAdd(a.counters + kWarps * kCounterStride, 1u) == gridDim.x - 1) {
+    for (int sl = 0; sl < kWarps; ++sl) a.counters[sl * kCounterStride] = 0;
+    a.counters[kWarps * kCounterStride] = 0;
   }
   mark.exit();
 }
 
 // skinny_mlp_kernel's slice counts, a row of them per stream slot (as the tile counters).
-__device__ unsigned g_mlp_counters[kSchedCounters][kWarps + 1];
+__device__ unsigned g_mlp_counters[kSchedCounters][(kWarps + 1) * kCounterStride];
 
 unsigned* mlp_counters(cudaStream_t s) {
   static unsigned* base = [] {
@@ -982,7 +992,7 @@ unsigned* mlp_counters(cudaStream_t s) {
     check(cudaGetSymbolAddress(&p, g_mlp_counters), "mlp (skinny)", "cudaGetSymbolAddress");
     return static_cast<unsigned*>(p);
   }();
-  return base + int64_t(stream_slot(s)) * (kWarps + 1);
+  return base + int64_t(stream_slot(s)) * (kWarps + 1) * kCounterStride;
 }
 
 template <int MT>
@@ -998,13 +1008,23 @@ int64_t mlp_slots() {
   return slots;
 }
 
-// DFLASH_SKINNY_MLP=0 launches the MLP's two products apart (to measure against).
-bool mlp_chain_enabled() {
-  static const bool enabled = [] {
+// DFLASH_SKINNY_MLP=0 launches the MLP's two products apart (to measure against); =2 has each
+// block publish its gate/up columns once, as it turns to down's tiles, instead of after every
+// tile. DFLASH_SKINNY_MLP_POLL_NS: the longest sleep between polls (default 1024).
+int mlp_chain_mode() {
+  static const int mode = [] {
     const char* e = std::getenv("DFLASH_SKINNY_MLP");
-    return !(e && std::string(e) == "0");
+    return e && *e ? std::atoi(e) : 1;
   }();
-  return enabled;
+  return mode;
+}
+bool mlp_chain_enabled() { return mlp_chain_mode() != 0; }
+unsigned mlp_poll_ns() {
+  static const unsigned ns = [] {
+    const char* e = std::getenv("DFLASH_SKINNY_MLP_POLL_NS");
+    return e && std::atoi(e) >= 128 ? unsigned(std::atoi(e)) : 1024u;
+  }();
+  return ns;
 }
 
 // The chain's tiling (each product's own, see skinny_mlp_kernel), or tiles_gate_up = 0 where it
@@ -1328,6 +1348,8 @@ void skinny_mlp(const void* h, int64_t ldh, const void* w_gate_up, int64_t ld_ga
   c.early_y = mma_settings().early_y;
   c.sched = sched_counter(s);
   c.counters = mlp_counters(s);
+  c.signal_each_tile = mlp_chain_mode() != 2;
+  c.poll_ns = mlp_poll_ns();
   if (M <= 16)
     launch_kernel("mlp (skinny)", skinny_mlp_kernel<1>, unsigned(mlp_slots<1>()), kWarps * 32, 0, s, c);
   else
