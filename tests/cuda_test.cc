@@ -13,7 +13,6 @@
 
 #ifdef DFLASH_CUDA
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/kernels.h"
 #endif
 #include "engine/generation.h"
 #include "engine/logit_rows.h"
@@ -396,56 +395,6 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
       b.matmul_silu_mul(x.slice_rows(m, 1), w, a1);
       return download(b, a1);
     });
-  }
-}
-
-// The MLP in one launch (cuda::skinny_mlp: down starting on each slice of act as gate/up
-// finishes it) against the two products launched apart, at Qwen3-8B's MLP shapes (the chain
-// needs more gate/up tiles than resident blocks): act, the residual, the next norm's h and its
-// partial sums, bit for bit, at one m16 tile and two, and a second launch finding the counters
-// set back.
-TEST(CudaSkinny, MlpInOneLaunchEqualsTheTwoProducts) {
-  REQUIRE_GPU(backend);
-  Backend& b = *backend;
-  std::mt19937 rng(23);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto tensor = [&](int64_t rows, int64_t cols, float scale, DType dt) {
-    std::vector<float> h(size_t(rows * cols));
-    for (auto& x : h) x = scale * nd(rng);
-    return upload_as(b, h.data(), rows, cols, dt);
-  };
-  const int64_t H = 4096, I = 12288;
-  const Tensor gu = tensor(2 * I, H, 0.02f, DType::BF16), down = tensor(H, I, 0.02f, DType::BF16);
-  const Tensor post_norm = tensor(1, H, 1.f, DType::F32), next_norm = tensor(1, H, 1.f, DType::F32);
-  for (const int64_t M : {1, 3, 16, 17, 32}) {
-#ifdef DFLASH_CUDA
-    ASSERT_TRUE(cuda::skinny_mlp_applies(int(M), int(2 * I), int(H), int(H)))
-        << "M = " << M << ": the chained kernel does not take these shapes on this GPU";
-#endif
-    const Tensor x0 = tensor(M, H, 1.f, DType::F32);
-    // What each way leaves: act, the residual, h and the partial sums of the norm it emits.
-    auto run = [&](bool chained) {
-      Tensor x = b.alloc(M, H, DType::F32), act = b.alloc(M, I, DType::BF16);
-      b.copy(x0, x);
-      NormedRows normed;
-      normed.h = b.alloc(M, H, b.activation_dtype());
-      b.norm_rows(x, post_norm, 1e-6f, normed);
-      if (chained) {
-        b.mlp_add_norm(normed, gu, act, down, x, next_norm, 1e-6f, normed);
-      } else {
-        b.matmul_silu_mul_normed(normed, gu, act);
-        b.matmul_add_norm(act, down, x, next_norm, 1e-6f, normed);
-      }
-      EXPECT_TRUE(normed.deferred);
-      return std::vector<std::vector<float>>{download(b, act), download(b, x), download(b, normed.h),
-                                             download(b, normed.partial)};
-    };
-    const auto apart = run(false), chained = run(true), again = run(true);
-    const char* names[] = {"act", "residual", "next norm's h", "next norm's partial sums"};
-    for (size_t i = 0; i < apart.size(); ++i) {
-      EXPECT_EQ(chained[i], apart[i]) << "M = " << M << ": " << names[i] << " differs from the two launches";
-      EXPECT_EQ(again[i], apart[i]) << "M = " << M << ": " << names[i] << " differs in a second chained launch";
-    }
   }
 }
 

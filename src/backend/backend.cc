@@ -450,12 +450,6 @@ void Backend::matmul_silu_mul_normed(const NormedRows& in, const Tensor& w_gate_
   matmul_silu_mul(normalised(*this, in), w_gate_up, act);
 }
 
-void Backend::mlp_add_norm(const NormedRows& in, const Tensor& w_gate_up, Tensor& act, const Tensor& w_down,
-                           Tensor& x, const Tensor& norm_w, float eps, NormedRows& out) {
-  matmul_silu_mul_normed(in, w_gate_up, act);
-  matmul_add_norm(act, w_down, x, norm_w, eps, out);
-}
-
 void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& act) {
   Tensor gate_up = alloc(x.rows, w_gate_up.rows, activation_dtype());
   matmul(x, w_gate_up, gate_up);

@@ -254,11 +254,6 @@ class Backend {
   // act [T, I] = silu(x · w_gateᵀ) ⊙ (x · w_upᵀ) for w_gate_up [2I, K] (gate rows, then up
   // rows), each product rounded to the activation dtype first: matmul, then silu_mul.
   virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& act);
-  // A layer's MLP and the residual add and norm after it: matmul_silu_mul_normed(in, w_gate_up,
-  // act), then matmul_add_norm(act, w_down, x, norm_w, eps, out). `in` and `out` may be one
-  // object (the layer's normed rows, consumed and then replaced).
-  virtual void mlp_add_norm(const NormedRows& in, const Tensor& w_gate_up, Tensor& act, const Tensor& w_down,
-                            Tensor& x, const Tensor& norm_w, float eps, NormedRows& out);
   // Per head of head_dim: q ← rope(rms_norm(q; q_norm)) in place (skipped when q is empty),
   // k_dst ← rope(rms_norm(k; k_norm)), v_dst ← v. Positions as in rope().
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,

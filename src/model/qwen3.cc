@@ -79,7 +79,8 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
   // consumed by the product right after it.
   b.matmul_add_norm(attn, w.o_proj, x, w.post_attention_norm, eps, normed);
   Tensor act = s.act.slice_rows(0, T);
-  b.mlp_add_norm(normed, w.gate_up_proj, act, w.down_proj, x, next_norm, eps, normed);
+  b.matmul_silu_mul_normed(normed, w.gate_up_proj, act);
+  b.matmul_add_norm(act, w.down_proj, x, next_norm, eps, normed);
 }
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, Backend& b) {

@@ -361,38 +361,6 @@ class CudaBackend final : public Backend {
                            stream_, &n);
   }
 
-  // The two products as one launch where the chained kernel takes them (kernels.h: skinny_mlp).
-  void mlp_add_norm(const NormedRows& in, const Tensor& w_gate_up, Tensor& act, const Tensor& w_down, Tensor& x,
-                    const Tensor& norm_w, float eps, NormedRows& out) override {
-    const int64_t M = in.h.rows, N = w_gate_up.rows, K = in.h.cols;
-    const bool chained =
-        in.deferred && consumable(in, w_gate_up) && on_device(act, DType::BF16) && act.rows == M &&
-        2 * act.cols == N && skinny_silu_pair_supported(in.h.data, in.h.ld, w_gate_up.data, w_gate_up.ld, int(N), int(K)) &&
-        deferrable(x, norm_w, out.h) && on_device(w_down, DType::BF16) && w_down.cols == act.cols && x.rows == M &&
-        x.cols == w_down.rows && w_down.rows <= INT32_MAX &&
-        skinny_mma_applies(act.data, act.ld, w_down.data, w_down.ld, int(act.cols)) &&
-        skinny_mlp_applies(int(M), int(N), int(K), int(w_down.rows));
-    if (!chained) return Backend::mlp_add_norm(in, w_gate_up, act, w_down, x, norm_w, eps, out);
-    const NormedRows consumed = in;  // holds the consumed partial sums while out takes new ones
-    const SkinnyNorm c = consume(consumed);
-    const int N_down = int(w_down.rows), K_down = int(act.cols);
-    out.partial = alloc(M, skinny_norm_parts(N_down, K_down), DType::F32);
-    remember(out, x, norm_w, eps);
-    out.deferred = true;
-    SkinnyNorm emit;
-    emit.norm_w = norm_w.ptr<float>();
-    emit.h = out.h.ptr<__nv_bfloat16>();
-    emit.ldh = out.h.ld;
-    emit.partial_out = out.partial.ptr<float>();
-    emit.ld_partial = out.partial.ld;
-    OpTimer timer(prof_.get(), "mlp_add_norm M<=32", [&] {
-      return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + "+" + std::to_string(N_down);
-    });
-    skinny_mlp(consumed.h.data, consumed.h.ld, w_gate_up.data, w_gate_up.ld, act.data, act.ld, w_down.data, w_down.ld,
-               x.ptr<float>(), x.ld, int(M), int(N), int(K), N_down, w_gate_up.weight && w_down.weight, c, emit,
-               stream_);
-  }
-
   void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) override {
     expect_device(x, "rms_norm", "x");
     expect_device(w, "rms_norm", "w");

@@ -57,16 +57,6 @@ bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
                             int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm = nullptr);
 
-// A decoder layer's MLP in one launch: act = skinny_matmul_silu_mul(h, w_gate_up) consuming a
-// deferred norm, then x += act · w_downᵀ emitting the next one (skinny_matmul with `emit`), the
-// same bits as those two calls; the down product starts on each slice of act as it is done.
-// Only where skinny_mlp_applies() (from the shapes; the caller checks what the two calls need
-// of pointers and strides). DFLASH_SKINNY_MLP=0: never (two launches, to measure against).
-bool skinny_mlp_applies(int M, int N_gate_up, int K, int N_down);
-void skinny_mlp(const void* h, int64_t ldh, const void* w_gate_up, int64_t ld_gate_up, void* act, int64_t ld_act,
-                const void* w_down, int64_t ld_down, float* x, int64_t ldx, int M, int N_gate_up, int K, int N_down,
-                bool w_uploaded, const SkinnyNorm& consume, const SkinnyNorm& emit, cudaStream_t s);
-
 // The first deferred norm of a forward pass (no product before it): h = bf16(norm_w ⊙ x) and
 // one partial Σ x² per row (ld_partial = 1), for f32 x [rows, cols] with 16-byte-aligned rows
 // and cols % 4 == 0.
