@@ -900,6 +900,17 @@ int run_doctor(const DoctorArgs& a) {
       if (c.barrier_us >= 0) std::printf("%.2f us\n", c.barrier_us);
       else std::printf("not measured (no cooperative launch)\n");
     }
+    // Whether a release waits for the weights in flight (the MLP as one kernel, twenty-sixth
+    // pass: a release a gate/up tile cost 7-8.5 µs a layer), with 16-byte loads and with bulk
+    // copies, whose traffic is the async proxy's.
+    {
+      const cuda::ReleaseCosts r = cuda::release_probe(bytes);
+      std::printf("release under a weight stream (%d blocks, %d KiB tiles, %.1f releases a block): 16-byte loads "
+                  "%.1f GB/s, %.1f with a release a tile (+%.2f us each); bulk copies %.1f GB/s, %.1f with a "
+                  "release a tile (+%.2f us each)\n",
+                  r.blocks, r.tile_bytes >> 10, r.releases_per_block, r.loads_gbs, r.loads_release_gbs,
+                  r.loads_release_us, r.bulk_gbs, r.bulk_release_gbs, r.bulk_release_us);
+    }
     // Whether bytes staged into L2 ahead of a read are found there (weights staged during the
     // short kernels, fifteenth pass: they were not): an o_proj-sized and a half-L2-sized read,
     // cold and after each way of staging it.

@@ -222,6 +222,111 @@ __global__ void __launch_bounds__(256) bulk_read_kernel(const char* __restrict__
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+// What a release costs a block that streams a weight (release_probe). Tiles of kReleaseTile
+// bytes, as large as a gate/up product's tile, block b taking tiles b, b + gridDim.x, …; after
+// each tile, a barrier, then thread 0 raises a counter (the handing-over of a tile's results to
+// another block), with RELEASE a `fence.acq_rel.gpu` first. Two ways of streaming. With 16-byte
+// loads (tiled_read_kernel) the next tile's first batch is already in flight at the barrier, as
+// in the skinny products. With bulk copies (tiled_bulk_kernel) thread 0 keeps the ring full.
+constexpr int kReleaseTile = 256 << 10;
+
+__device__ __forceinline__ void raise_counter(unsigned* counter, bool release) {
+  if (release) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+
+template <bool RELEASE>
+__global__ void __launch_bounds__(256, 2) tiled_read_kernel(const uint4* __restrict__ p, int64_t tiles,
+                                                            unsigned* counter, unsigned* sink) {
+  constexpr int kUnits = kReleaseTile / 16, kPerLane = kUnits / 256, U = 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  // Lane l of warp w reads units w·kUnits/8 + 32j + l of its tile: coalesced within the warp.
+  auto unit = [&](int64_t j_tile, int j) {
+    return p + (blockIdx.x + j_tile * gridDim.x) * int64_t(kUnits) + warp * (kUnits / 8) + j * 32 + lane;
+  };
+  uint4 cur[U], next[U];
+  uint32_t acc = 0;
+  if (mine > 0)
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = ld_stream_16(unit(0, u));
+  for (int64_t t = 0; t < mine; ++t) {
+    for (int j0 = 0; j0 < kPerLane; j0 += U) {
+      if (j0 + U < kPerLane) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) next[u] = ld_stream_16(unit(t, j0 + U + u));
+      } else if (t + 1 < mine) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) next[u] = ld_stream_16(unit(t + 1, u));
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) acc ^= cur[u].x ^ cur[u].y ^ cur[u].z ^ cur[u].w;
+#pragma unroll
+      for (int u = 0; u < U; ++u) cur[u] = next[u];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) raise_counter(counter, RELEASE);
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// bulk_read_kernel's ring (16 KiB tiles, 4 stages) with the counter raised every kReleaseTile
+// bytes, right after thread 0 has refilled the ring: three copies are in flight then.
+template <bool RELEASE>
+__global__ void __launch_bounds__(256) tiled_bulk_kernel(const char* __restrict__ p, int64_t tiles, unsigned* counter,
+                                                         unsigned* sink) {
+  constexpr int TILE = 16 << 10, STAGES = 4, kPerRelease = kReleaseTile / TILE;
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ __align__(8) uint64_t landed[STAGES];
+  const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&landed[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // Consecutive tiles of a block are contiguous here (kPerRelease of them make one release tile).
+  auto issue = [&](int64_t j) {
+    const int s = int(j % STAGES);
+    const int64_t big = j / kPerRelease, piece = j % kPerRelease;
+    const char* src = p + (blockIdx.x + big * gridDim.x) * int64_t(kReleaseTile) + piece * TILE;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&landed[s])), "r"(TILE)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_addr(ring + s * TILE)),
+        "l"(src), "r"(TILE), "r"(smem_addr(&landed[s]))
+        : "memory");
+  };
+  const int64_t pieces = mine * kPerRelease;
+  if (threadIdx.x == 0)
+    for (int64_t j = 0; j < STAGES && j < pieces; ++j) issue(j);
+  uint32_t acc = 0;
+  for (int64_t j = 0; j < pieces; ++j) {
+    const int s = int(j % STAGES);
+    const uint32_t parity = uint32_t(j / STAGES) & 1u;
+    uint32_t done = 0;
+    while (!done)
+      asm volatile(
+          "{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+          : "=r"(done)
+          : "r"(smem_addr(&landed[s])), "r"(parity)
+          : "memory");
+    const uint4* t = reinterpret_cast<const uint4*>(ring + s * TILE);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < TILE / 16; i += 256) {
+      const uint4 v = t[i];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (j + STAGES < pieces) issue(j + STAGES);
+      if ((j + 1) % kPerRelease == 0) raise_counter(counter, RELEASE);
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 // Bytes read per second by `launches_of_one_rep` (queued back to back, reading `bytes` of a
 // buffer of that size filled with a byte pattern): the best of three timed repetitions after a
 // warm-up one. The launcher gets the buffer and a sink word for the kernels' never-taken store.
@@ -380,6 +485,44 @@ double read_bandwidth(size_t window, size_t total, int flavour, int unroll, int 
       else read_kernel<0, 4><<<blocks, 256>>>(p, n, sink);
     }
   });
+}
+
+ReleaseCosts release_probe(size_t bytes) {
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), "bandwidth", "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "bandwidth", "SM count");
+  ReleaseCosts r;
+  r.blocks = sms * 2;
+  r.tile_bytes = kReleaseTile;
+  const int64_t tiles = int64_t(std::max<size_t>(bytes / kReleaseTile, size_t(r.blocks)));
+  bytes = size_t(tiles) * kReleaseTile;
+  r.releases_per_block = double(tiles) / r.blocks;
+  constexpr int kRing = 4 * (16 << 10);
+  for (auto* k : {tiled_bulk_kernel<false>, tiled_bulk_kernel<true>})
+    check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kRing), "bandwidth",
+          "cudaFuncSetAttribute");
+  const DeviceBuffer counter(sizeof(unsigned), "bandwidth");
+  auto rate = [&](int way) {
+    return best_read_rate(bytes, [&](const char* buf, unsigned* sink) {
+      auto* c = counter.as<unsigned>();
+      const auto blocks = unsigned(r.blocks);
+      if (way == 0) tiled_read_kernel<false><<<blocks, 256>>>(reinterpret_cast<const uint4*>(buf), tiles, c, sink);
+      if (way == 1) tiled_read_kernel<true><<<blocks, 256>>>(reinterpret_cast<const uint4*>(buf), tiles, c, sink);
+      if (way == 2) tiled_bulk_kernel<false><<<blocks, 256, kRing>>>(buf, tiles, c, sink);
+      if (way == 3) tiled_bulk_kernel<true><<<blocks, 256, kRing>>>(buf, tiles, c, sink);
+    });
+  };
+  r.loads_gbs = rate(0) / 1e9;
+  r.loads_release_gbs = rate(1) / 1e9;
+  r.bulk_gbs = rate(2) / 1e9;
+  r.bulk_release_gbs = rate(3) / 1e9;
+  // The time the releases added, spread over each block's releases.
+  auto per_release_us = [&](double without, double with) {
+    return (double(bytes) / (with * 1e9) - double(bytes) / (without * 1e9)) * 1e6 / r.releases_per_block;
+  };
+  r.loads_release_us = per_release_us(r.loads_gbs, r.loads_release_gbs);
+  r.bulk_release_us = per_release_us(r.bulk_gbs, r.bulk_release_gbs);
+  return r;
 }
 
 }  // namespace dflash::cuda

@@ -42,6 +42,19 @@ double rows_read_bandwidth(int N, int K, int S, int launches, int variant);
 // can); 4 a bulk prefetch launched right before the read.
 double l2_stage_probe(size_t bytes, int mode);
 
+// What a release costs a block that streams a weight (bandwidth.cu): `bytes` read in 256 KiB
+// tiles by two blocks an SM, thread 0 raising a counter after each tile, with and without a
+// `fence.acq_rel.gpu` before it; by 16-byte loads (the next tile's first batch in flight at the
+// release, as in the skinny products) and by bulk copies into a shared-memory ring (three
+// copies in flight). GB/s each way, and the µs each release added to its block.
+struct ReleaseCosts {
+  int blocks = 0, tile_bytes = 0;
+  double releases_per_block = 0;
+  double loads_gbs = 0, loads_release_gbs = 0, bulk_gbs = 0, bulk_release_gbs = 0;
+  double loads_release_us = 0, bulk_release_us = 0;
+};
+ReleaseCosts release_probe(size_t bytes);
+
 // What one dependency between two steps costs with no work in the way (sync_cost.cu): µs per
 // step of `steps` steps over blocks_per_sm × SMs blocks of 256 threads, each step a kernel in
 // stream order, a kernel under programmatic dependent launch (as the backend launches; `pdl`
