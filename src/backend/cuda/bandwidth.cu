@@ -235,15 +235,27 @@ __device__ __forceinline__ void raise_counter(unsigned* counter, bool release) {
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
 }
 
-template <bool RELEASE>
+// ROWS: each tile read as the gate/up product reads a tile of its weight (32 rows of 4096 bf16,
+// warp = K slice · 2 + group of 16 rows, lane (g, t) 16 bytes of rows g and g + 8 at unit 4c + t
+// of chunk c), instead of in contiguous 512-byte warp segments: what that pattern costs.
+template <bool RELEASE, bool ROWS = false>
 __global__ void __launch_bounds__(256, 2) tiled_read_kernel(const uint4* __restrict__ p, int64_t tiles,
                                                             unsigned* counter, unsigned* sink) {
   constexpr int kUnits = kReleaseTile / 16, kPerLane = kUnits / 256, U = 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  // Lane l of warp w reads units w·kUnits/8 + 32j + l of its tile: coalesced within the warp.
+  // Contiguous: lane l of warp w reads units w·kUnits/8 + 32j + l of its tile. Rows: load j is
+  // chunk j / 2 of the warp's slice, n8 tile j % 2.
   auto unit = [&](int64_t j_tile, int j) {
-    return p + (blockIdx.x + j_tile * gridDim.x) * int64_t(kUnits) + warp * (kUnits / 8) + j * 32 + lane;
+    const uint4* tile = p + (blockIdx.x + j_tile * gridDim.x) * int64_t(kUnits);
+    if constexpr (ROWS) {
+      constexpr int kRowUnits = 4096 * 2 / 16;
+      const int slice = warp / 2, group = warp % 2, g = lane / 4, t = lane % 4;
+      const int row = group * 16 + (j % 2) * 8 + g, c = slice * 32 + j / 2;
+      return tile + row * kRowUnits + 4 * c + t;
+    } else {
+      return tile + warp * (kUnits / 8) + j * 32 + lane;
+    }
   };
   uint4 cur[U], next[U];
   uint32_t acc = 0;
@@ -510,12 +522,14 @@ ReleaseCosts release_probe(size_t bytes) {
       if (way == 1) tiled_read_kernel<true><<<blocks, 256>>>(reinterpret_cast<const uint4*>(buf), tiles, c, sink);
       if (way == 2) tiled_bulk_kernel<false><<<blocks, 256, kRing>>>(buf, tiles, c, sink);
       if (way == 3) tiled_bulk_kernel<true><<<blocks, 256, kRing>>>(buf, tiles, c, sink);
+      if (way == 4) tiled_read_kernel<false, true><<<blocks, 256>>>(reinterpret_cast<const uint4*>(buf), tiles, c, sink);
     });
   };
   r.loads_gbs = rate(0) / 1e9;
   r.loads_release_gbs = rate(1) / 1e9;
   r.bulk_gbs = rate(2) / 1e9;
   r.bulk_release_gbs = rate(3) / 1e9;
+  r.rows_gbs = rate(4) / 1e9;
   // The time the releases added, spread over each block's releases.
   auto per_release_us = [&](double without, double with) {
     return (double(bytes) / (with * 1e9) - double(bytes) / (without * 1e9)) * 1e6 / r.releases_per_block;

@@ -46,11 +46,12 @@ double l2_stage_probe(size_t bytes, int mode);
 // tiles by two blocks an SM, thread 0 raising a counter after each tile, with and without a
 // `fence.acq_rel.gpu` before it; by 16-byte loads (the next tile's first batch in flight at the
 // release, as in the skinny products) and by bulk copies into a shared-memory ring (three
-// copies in flight). GB/s each way, and the µs each release added to its block.
+// copies in flight). GB/s each way, and the µs each release added to its block. rows_gbs: the
+// 16-byte loads without releases, each tile read in the gate/up product's row pattern.
 struct ReleaseCosts {
   int blocks = 0, tile_bytes = 0;
   double releases_per_block = 0;
-  double loads_gbs = 0, loads_release_gbs = 0, bulk_gbs = 0, bulk_release_gbs = 0;
+  double loads_gbs = 0, loads_release_gbs = 0, bulk_gbs = 0, bulk_release_gbs = 0, rows_gbs = 0;
   double loads_release_us = 0, bulk_release_us = 0;
 };
 ReleaseCosts release_probe(size_t bytes);
