@@ -18,6 +18,7 @@
 #include "engine/logit_rows.h"
 #include "engine/sampling.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/dflash_drafter.h"
 #include "model/qwen3.h"
 #include "model/rope.h"
@@ -396,6 +397,86 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
       return download(b, a1);
     });
   }
+}
+
+// The skinny products reading a weight's pre-tiled copy (DFLASH_CUDA_TILED_WEIGHTS=1) against
+// the same products reading the checkpoint's layout, on two backends given the same values: a
+// plain product (a partial last n8 tile, and more tiles than resident blocks), the residual
+// product emitting the norm, the consuming product, and gate/up with SwiGLU, bit for bit at one
+// m16 tile and two.
+TEST(CudaSkinny, TiledWeightsGiveTheSameBits) {
+  REQUIRE_GPU(plain);
+#ifdef DFLASH_CUDA
+  setenv("DFLASH_CUDA_TILED_WEIGHTS", "1", 1);
+  const std::unique_ptr<Backend> tiled = make_cuda_backend();
+  unsetenv("DFLASH_CUDA_TILED_WEIGHTS");
+  ASSERT_TRUE(tiled);
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto values = [&](int64_t n, float scale) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = scale * nd(rng);
+    return v;
+  };
+  // One bf16 weight uploaded to both backends as a checkpoint tensor.
+  struct Pair {
+    Tensor plain, tiled;
+  };
+  std::vector<std::vector<uint16_t>> keep;  // upload_weight copies, but keep the host bits anyway
+  auto weight = [&](const std::string& name, int64_t rows, int64_t cols) {
+    const auto v = values(rows * cols, 0.02f);
+    keep.emplace_back(v.size());
+    for (size_t i = 0; i < v.size(); ++i) keep.back()[i] = f32_to_bf16(v[i]);
+    TensorInfo ti;
+    ti.name = name;
+    ti.dtype = DType::BF16;
+    ti.shape = {rows, cols};
+    ti.data = reinterpret_cast<const uint8_t*>(keep.back().data());
+    ti.nbytes = keep.back().size() * 2;
+    Pair w{plain->upload_weight({&ti}), tiled->upload_weight({&ti})};
+    EXPECT_TRUE(cuda::has_tiled_copy(*tiled, w.tiled)) << name << ": no tiled copy";
+    EXPECT_FALSE(cuda::has_tiled_copy(*plain, w.plain)) << name;
+    return w;
+  };
+  auto both = [&](const std::vector<float>& h, int64_t rows, int64_t cols, DType dt) {
+    return Pair{upload_as(*plain, h.data(), rows, cols, dt), upload_as(*tiled, h.data(), rows, cols, dt)};
+  };
+  const int64_t H = 4096, I = 12288;
+  const Pair w_plain = weight("plain", 4100, H), w_many = weight("many tiles", 20000, H), wo = weight("o", H, H);
+  const Pair gu = weight("gate_up", 2 * I, H), nw = both(values(H, 1.f), 1, H, DType::F32);
+  for (const int64_t M : {1, 5, 16, 17, 32}) {
+    const Pair x = both(values(M * H, 1.f), M, H, DType::BF16), r = both(values(M * H, 1.f), M, H, DType::F32);
+    // What one backend computes from its copies: each product's output, downloaded.
+    auto run = [&](Backend& b, bool is_tiled) {
+      auto pick = [&](const Pair& p) { return is_tiled ? p.tiled : p.plain; };
+      std::vector<std::vector<float>> out;
+      for (const Pair* w : {&w_plain, &w_many}) {
+        Tensor y = b.alloc(M, pick(*w).rows, DType::F32);
+        b.matmul(pick(x), pick(*w), y);
+        out.push_back(download(b, y));
+      }
+      Tensor res = b.alloc(M, H, DType::F32);
+      b.copy(pick(r), res);
+      NormedRows normed;
+      normed.h = b.alloc(M, H, b.activation_dtype());
+      b.matmul_add_norm(pick(x), pick(wo), res, pick(nw), 1e-6f, normed);
+      out.push_back(download(b, res));
+      out.push_back(download(b, normed.h));
+      Tensor y = b.alloc(M, H, DType::BF16), act = b.alloc(M, I, DType::BF16);
+      b.matmul_normed(normed, pick(wo), y);
+      b.matmul_silu_mul_normed(normed, pick(gu), act);
+      out.push_back(download(b, y));
+      out.push_back(download(b, act));
+      return out;
+    };
+    const auto a = run(*plain, false), t = run(*tiled, true);
+    const char* names[] = {"matmul, partial n8 tile", "matmul, many tiles", "residual + norm", "normed h",
+                           "consuming product", "gate/up + SwiGLU"};
+    ASSERT_EQ(a.size(), t.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(t[i], a[i]) << "M = " << M << ": " << names[i] << " differs between the tiled and the plain copy";
+  }
+#endif
 }
 
 class CudaQwen3Golden : public ::testing::TestWithParam<std::string> {};

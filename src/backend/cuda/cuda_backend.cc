@@ -104,6 +104,7 @@ class CudaBackend final : public Backend {
     timeline_ = Timeline::from_env();
     read_back_ = std::make_unique<ReadBack>(stream_);
     sampling_ = std::make_unique<SamplingOps>(*pool_, stream_, *read_back_, prof_.get());
+    if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS"); e && std::string(e) == "1") tile_weights_ = true;
   }
 
   ~CudaBackend() override {
@@ -186,7 +187,28 @@ class CudaBackend final : public Backend {
       dst += nb;
     }
     t.weight = true;
+    if (tile_weights_ && matrix && skinny_tiles(rows, cols, cols)) {
+      void* q = nullptr;
+      const size_t tb = skinny_tiled_bytes(rows, cols);
+      check(cudaMalloc(&q, tb), "upload_weight",
+            ("allocating " + std::to_string(tb) + " bytes for the tiled copy of '" + parts.front()->name + "'").c_str());
+      std::shared_ptr<void> copy(q, [](void* r) { cudaFree(r); });
+      check(cudaDeviceSynchronize(), "upload_weight", "waiting for the weight's copy");  // pageable copies may still be in flight
+      skinny_tile_weight(p, rows, cols, cols, q, upload_stream_);
+      check(cudaStreamSynchronize(upload_stream_), "upload_weight", "tiling a weight");
+      tiled_[p] = TiledCopy{std::move(copy), rows, cols};
+    }
     return t;
+  }
+
+  // The pre-tiled copy of weight w (DFLASH_CUDA_TILED_WEIGHTS=1), where w is a whole uploaded
+  // weight: null for any other tensor, views of a weight included.
+  const void* tiled_for(const Tensor& w) const {
+    if (!w.weight || tiled_.empty()) return nullptr;
+    const auto it = tiled_.find(w.data);
+    return it != tiled_.end() && it->second.rows == w.rows && it->second.cols == w.cols && w.ld == w.cols
+               ? it->second.data.get()
+               : nullptr;
   }
 
   Tensor upload(const float* host, int64_t rows, int64_t cols) override {
@@ -228,7 +250,7 @@ class CudaBackend final : public Backend {
     });
     if (M <= kSkinnyMaxRows) {
       skinny_matmul(x.data, x.ld, w.data, w.ld, y.data, y.ld, ye, int(M), int(N), int(K), accumulate, w.weight,
-                    stream_);
+                    stream_, nullptr, tiled_for(w));
       return;
     }
     // Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ[N,M] = w·xᵀ with w read transposed.
@@ -255,7 +277,8 @@ class CudaBackend final : public Backend {
     if (M == 0 || N == 0) return;
     OpTimer timer(prof_.get(), "matmul_silu_mul M<=32",
                   [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
-    skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight, stream_);
+    skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight, stream_,
+                           nullptr, tiled_for(w));
   }
 
   // The RMSNorm between two products, deferred for decode and verification rows (M ≤ 32):
@@ -316,7 +339,7 @@ class CudaBackend final : public Backend {
     OpTimer timer(prof_.get(), "matmul_add_norm M<=32",
                   [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
     skinny_matmul(a.data, a.ld, w.data, w.ld, x.data, x.ld, Elem::F32, int(M), int(N), int(K), true, w.weight,
-                  stream_, &emit);
+                  stream_, &emit, tiled_for(w));
   }
 
   // The consuming side: the product's sums times each row's 1/rms (SkinnyNorm).
@@ -344,7 +367,7 @@ class CudaBackend final : public Backend {
     OpTimer timer(prof_.get(), "matmul_normed M<=32",
                   [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
     skinny_matmul(in.h.data, in.h.ld, w.data, w.ld, y.data, y.ld, elem_of(y, "matmul_normed"), int(M), int(N),
-                  int(K), false, w.weight, stream_, &n);
+                  int(K), false, w.weight, stream_, &n, tiled_for(w));
   }
 
   void matmul_silu_mul_normed(const NormedRows& in, const Tensor& w, Tensor& act) override {
@@ -358,7 +381,7 @@ class CudaBackend final : public Backend {
     OpTimer timer(prof_.get(), "matmul_silu_mul_normed M<=32",
                   [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
     skinny_matmul_silu_mul(in.h.data, in.h.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight,
-                           stream_, &n);
+                           stream_, &n, tiled_for(w));
   }
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) override {
@@ -711,6 +734,14 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ReadBack> read_back_;   // results the host waits for
   std::unique_ptr<SamplingOps> sampling_;
   cudaStream_t upload_stream_ = nullptr;  // RoPE tables: off the compute stream, which may be capturing
+  // DFLASH_CUDA_TILED_WEIGHTS=1 (measuring): each matrix weight also kept pre-tiled for the
+  // skinny products (kernels.h: skinny_tile_weight), keyed by its device pointer.
+  struct TiledCopy {
+    std::shared_ptr<void> data;
+    int64_t rows = 0, cols = 0;
+  };
+  bool tile_weights_ = false;
+  std::map<const void*, TiledCopy> tiled_;
 };
 
 int visible_devices() {
@@ -766,6 +797,11 @@ double copy_bandwidth(size_t bytes) {
           "device to device copy");
   });
   return best;
+}
+
+bool has_tiled_copy(const Backend& b, const Tensor& w) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&b);
+  return c && c->tiled_for(w) != nullptr;
 }
 
 }  // namespace cuda

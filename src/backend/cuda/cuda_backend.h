@@ -8,12 +8,16 @@
 
 namespace dflash {
 class Backend;
+struct Tensor;
 }
 
 namespace dflash::cuda {
 
 // "NVIDIA H200, 132 SMs, 139.8 GiB, sm_90, driver 13.0" or "" when no GPU is visible.
 std::string device_summary();
+// Whether `b` (a CUDA backend) keeps a pre-tiled copy of weight w for the skinny products
+// (DFLASH_CUDA_TILED_WEIGHTS=1 when it was made): what the GPU test of that path checks first.
+bool has_tiled_copy(const Backend& b, const Tensor& w);
 // Device-to-device copy bandwidth (bytes read + bytes written per second) over two buffers
 // of `bytes` each, the best of several timed copies after a warm-up.
 double copy_bandwidth(size_t bytes);

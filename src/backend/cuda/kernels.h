@@ -41,9 +41,11 @@ struct SkinnyNorm {
 // reading it before the kernel ahead of it in the stream has finished (launch.cuh).
 // norm (only where skinny_mma_applies): emit or consume a deferred norm, see SkinnyNorm.
 constexpr int kSkinnyMaxRows = 32;
+// w_tiled: w's pre-tiled copy (skinny_tile_weight), read instead of w where the tensor-core
+// kernel takes two n8 tiles a warp; the same bits.
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem,
                    int M, int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s,
-                   const SkinnyNorm* norm = nullptr);
+                   const SkinnyNorm* norm = nullptr, const void* w_tiled = nullptr);
 // Whether the tensor-core kernel takes this product (judged from pointers, strides and K).
 bool skinny_mma_applies(const void* x, int64_t ldx, const void* w, int64_t ldw, int K);
 // Partial sums per row an emitting product of a [N, K] weight writes (its block count).
@@ -55,7 +57,15 @@ int skinny_norm_parts(int N, int K);
 // consumed deferred norm (g and u are scaled before rounding).
 bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
-                            int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm = nullptr);
+                            int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm = nullptr,
+                            const void* w_tiled = nullptr);
+
+// A weight's copy laid out for the tensor-core kernel (DFLASH_CUDA_TILED_WEIGHTS=1, measuring):
+// for each n8 tile of rows and each 32-column chunk, the 512 bytes a warp loads together, in
+// lane order. bf16 [rows, cols] with row stride ld; only where skinny_tiles().
+bool skinny_tiles(int64_t rows, int64_t cols, int64_t ld);
+size_t skinny_tiled_bytes(int64_t rows, int64_t cols);
+void skinny_tile_weight(const void* w, int64_t rows, int64_t cols, int64_t ld, void* tiled, cudaStream_t s);
 
 // The first deferred norm of a forward pass (no product before it): h = bf16(norm_w ⊙ x) and
 // one partial Σ x² per row (ld_partial = 1), for f32 x [rows, cols] with 16-byte-aligned rows

@@ -83,12 +83,23 @@ __device__ __forceinline__ void rows_inv_rms(float (&inv_rms)[MT * 16], const Sk
   }
 }
 
+// TILED: w is the weight pre-tiled for these kernels (skinny_tile_weight): for n8 tile τ (rows
+// 8τ … 8τ + 7) and chunk c, the 512 bytes the warp's lanes load lie together, lane (g, t)'s 16
+// at piece 4g + t, the chunks of a tile one after another. Every lane gets the values a
+// row-major load gives it, so the mma's and the bits are the same; a warp's load is one
+// contiguous 512-byte segment instead of 8 rows' 64 bytes (docs/benchmarks.md, twenty-sixth pass:
+// 4294.6 against 3963.2 GB/s streamed). Tiles past the weight's last re-read its last one.
+__device__ __forceinline__ const uint4* tiled_rows(const __nv_bfloat16* w, int64_t row0, int64_t N, int K, int lane) {
+  const int64_t tiles = (N + 7) / 8, tau = row0 / 8 < tiles ? row0 / 8 : tiles - 1;
+  return reinterpret_cast<const uint4*>(w) + tau * (K / 32) * 32 + lane;
+}
+
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
 // and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
@@ -122,9 +133,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const uint4* wrow[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    int64_t n = n0 + nt * 8 + g;
-    if constexpr (PAIR) n = n0 + g < NO ? nt * NO + n0 + g : N - 1;
-    wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+    if constexpr (TILED) {
+      wrow[nt] = tiled_rows(w, PAIR ? (n0 < NO ? nt * NO + n0 : int64_t(N)) : n0 + nt * 8, N, K, lane);
+    } else {
+      int64_t n = n0 + nt * 8 + g;
+      if constexpr (PAIR) n = n0 + g < NO ? nt * NO + n0 + g : N - 1;
+      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+    }
   }
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
@@ -135,7 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int u = 0; u < U; ++u) {
       const int cu = c + u < c_last ? c + u : c_last;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + (TILED ? 32 : 4) * cu);
     }
   };
   // An uploaded weight is never written by a kernel, so its first batch may be in flight
@@ -269,7 +284,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   mark.exit();
 }
 
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                  const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
@@ -317,9 +332,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   auto point_rows = [&](int64_t first) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      int64_t n = first + nt * 8 + g;
-      if constexpr (PAIR) n = first + g < NO ? nt * NO + first + g : N - 1;
-      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+      if constexpr (TILED) {
+        wrow[nt] = tiled_rows(w, PAIR ? (first < NO ? nt * NO + first : int64_t(N)) : first + nt * 8, N, K, lane);
+      } else {
+        int64_t n = first + nt * 8 + g;
+        if constexpr (PAIR) n = first + g < NO ? nt * NO + first + g : N - 1;
+        wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+      }
     }
   };
   point_rows(n0);
@@ -332,7 +351,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int u = 0; u < U; ++u) {
       const int cu = c + u < c_last ? c + u : c_last;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + (TILED ? 32 : 4) * cu);
     }
   };
   // An uploaded weight is never written by a kernel, so its first batch may be in flight
@@ -593,12 +612,12 @@ unsigned* sched_counter(cudaStream_t s) {
   return base + it->second;
 }
 
-template <int MT, int NT, typename Out, int EPI, bool PAIR>
+template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED>
 int64_t persistent_slots() {
   // Blocks of the persistent kernel resident at once (two per SM by its launch bounds).
   static const int64_t slots = [] {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>,
                                                       kWarps * 32, 0) != cudaSuccess) {
       (void)cudaGetLastError();
       per_sm = 0;
@@ -608,7 +627,7 @@ int64_t persistent_slots() {
   return slots;
 }
 
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   const MmaSettings& ms = mma_settings();
@@ -616,14 +635,14 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   const auto* xp = static_cast<const __nv_bfloat16*>(x);
   const auto* wp = static_cast<const __nv_bfloat16*>(w);
   const bool prewait = w_uploaded && ms.prewait;
-  if (const int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR>() : 0; slots > 0 && tiles > slots) {
+  if (const int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0; slots > 0 && tiles > slots) {
     unsigned* sched = ms.persist == 2 ? sched_counter(s) : nullptr;
-    launch_kernel("matmul (skinny)", skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR>, unsigned(slots), kWarps * 32, 0,
+    launch_kernel("matmul (skinny)", skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(slots), kWarps * 32, 0,
                   s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y,
                   static_cast<int>(tiles), sched);
     return;
   }
-  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
+  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
                 wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y);
 }
 
@@ -672,9 +691,17 @@ MmaTiling mma_tiling(int N, int K, int64_t target_warps, int64_t block_slots) {
 
 template <typename Out, int EPI>
 void dispatch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                  const MmaTiling& tl, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
+                  const MmaTiling& tl, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s,
+                  const void* w_tiled = nullptr) {
   // One m16 tile for up to 16 rows, two beyond: a row's arithmetic is the same in either.
   const int S = tl.S;
+  if (w_tiled && tl.NT == 2) {  // the pre-tiled copy (two n8 tiles a warp only: the large weights)
+    if (M <= 16)
+      launch_mma<1, 2, Out, EPI, false, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
+    else
+      launch_mma<2, 2, Out, EPI, false, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
+    return;
+  }
   if (M <= 16) {
     if (tl.NT == 2) launch_mma<1, 2, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
     else launch_mma<1, 1, Out, EPI>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded, norm, s);
@@ -887,7 +914,8 @@ void launch_vec(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
 }  // namespace
 
 void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, Elem y_elem, int M,
-                   int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm) {
+                   int N, int K, bool accumulate, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm,
+                   const void* w_tiled) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul: skinny kernel called with " + std::to_string(M) + " rows");
   // Every decision here reads N, K, pointers and strides, never M (see the top of the file).
@@ -902,16 +930,17 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
     if (norm->partial_out && (y_elem != Elem::F32 || !accumulate))
       throw Error("cuda matmul: only the f32 residual stream emits a deferred norm");
     if (norm->partial_out) {
-      dispatch_mma<float, kEpiEmitNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, *norm, s);
+      dispatch_mma<float, kEpiEmitNorm>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, *norm, s, w_tiled);
       return;
     }
   }
   dispatch_elem(y_elem, [&](auto yi) {
     using Out = decltype(yi);
     if (norm) {
-      dispatch_mma<Out, kEpiScaleInv>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, *norm, s);
+      dispatch_mma<Out, kEpiScaleInv>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, *norm, s, w_tiled);
     } else if (mma) {
-      dispatch_mma<Out, kEpiPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, SkinnyNorm{}, s);
+      dispatch_mma<Out, kEpiPlain>(x, ldx, w, ldw, y, ldy, M, N, K, tl, accumulate, w_uploaded, SkinnyNorm{}, s,
+                                   w_tiled);
     } else if (!vec) {
       launch_kernel("matmul (skinny)", skinny_scalar_kernel<Out>, blocks_for(N, kWarps), kWarps * 32, 0, s,
           static_cast<const __nv_bfloat16*>(x), ldx, static_cast<const __nv_bfloat16*>(w), ldw, static_cast<Out*>(y),
@@ -947,7 +976,7 @@ bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64
 }
 
 void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
-                            int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm) {
+                            int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm, const void* w_tiled) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul_silu_mul: skinny kernel called with " + std::to_string(M) + " rows");
   if (!skinny_silu_pair_supported(x, ldx, w, ldw, N, K))
@@ -955,6 +984,21 @@ void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t l
   // The K slices the plain product of this weight takes (its tile width does not change a sum).
   const int S = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots).S;
   const SkinnyNorm none{};
+  if (w_tiled && (N / 2) % 8 == 0) {  // gate and up rows start on n8 tiles of the pre-tiled copy
+    if (norm && M <= 16)
+      launch_mma<1, 2, __nv_bfloat16, kEpiScaleInv, true, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, false,
+                                                                w_uploaded, *norm, s);
+    else if (norm)
+      launch_mma<2, 2, __nv_bfloat16, kEpiScaleInv, true, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, false,
+                                                                w_uploaded, *norm, s);
+    else if (M <= 16)
+      launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, false,
+                                                             w_uploaded, none, s);
+    else
+      launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, false,
+                                                             w_uploaded, none, s);
+    return;
+  }
   if (norm && M <= 16)
     launch_mma<1, 2, __nv_bfloat16, kEpiScaleInv, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, *norm, s);
   else if (norm)
@@ -963,6 +1007,35 @@ void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t l
     launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
   else
     launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
+}
+
+namespace {
+// One thread a 16-byte piece of the tiled copy: piece u is lane l = u % 32 of chunk c of n8 tile
+// τ, that is row 8τ + l / 4, elements 32c + 8(l % 4) … + 7 (zeros past the last row).
+__global__ void tile_weight_kernel(const uint4* __restrict__ w, int64_t rows, int64_t ld_units, int chunks,
+                                   uint4* __restrict__ tiled, int64_t pieces) {
+  for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < pieces; u += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t tau = u / (int64_t(chunks) * 32);
+    const int rem = int(u % (int64_t(chunks) * 32)), c = rem / 32, l = rem % 32;
+    const int64_t row = tau * 8 + l / 4;
+    tiled[u] = row < rows ? w[row * ld_units + 4 * c + l % 4] : make_uint4(0, 0, 0, 0);
+  }
+}
+}  // namespace
+
+bool skinny_tiles(int64_t rows, int64_t cols, int64_t ld) {
+  return rows > 0 && cols % 32 == 0 && ld % 8 == 0 && cols <= INT32_MAX;
+}
+
+size_t skinny_tiled_bytes(int64_t rows, int64_t cols) { return size_t((rows + 7) / 8 * 8) * size_t(cols) * 2; }
+
+void skinny_tile_weight(const void* w, int64_t rows, int64_t cols, int64_t ld, void* tiled, cudaStream_t s) {
+  if (!skinny_tiles(rows, cols, ld)) throw Error("cuda: a weight of " + std::to_string(cols) + " columns cannot be tiled");
+  const int64_t pieces = int64_t(skinny_tiled_bytes(rows, cols) / 16);
+  const unsigned blocks = unsigned(std::min<int64_t>((pieces + 255) / 256, 65535));
+  tile_weight_kernel<<<blocks, 256, 0, s>>>(static_cast<const uint4*>(w), rows, ld / 8, int(cols / 32),
+                                            static_cast<uint4*>(tiled), pieces);
+  check(cudaGetLastError(), "upload_weight", "tile_weight_kernel launch");
 }
 
 }  // namespace dflash::cuda
