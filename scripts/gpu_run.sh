@@ -185,7 +185,8 @@ fi
 random_ids() { python3 -c "import random; r=random.Random($2); print(','.join(str(r.randrange(151000)) for _ in range($1)))"; }
 q8b_prompt() { random_ids 512 7; }
 
-if has bench || has sampled || has prefill; then
+# Every step that runs the 8B-shaped pair needs it (an `ab` alone once found none and ran nothing).
+if has bench || has sampled || has prefill || has ab || has forced || has hf; then
   step "synth Qwen3-8B-shaped random bf16 checkpoints"
   t0=$(date +%s)
   if [[ ! -f $Q8B/config.json ]]; then
