@@ -175,41 +175,50 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-template <int TILE, int STAGES>
-__global__ void __launch_bounds__(256) bulk_read_kernel(const char* __restrict__ p, int64_t tiles, unsigned* sink) {
-  extern __shared__ __align__(128) unsigned char ring[];
-  __shared__ __align__(8) uint64_t landed[STAGES];
-  const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;  // tiles blockIdx.x + j·gridDim.x
+// The ring's moves, shared by the bulk kernels: thread 0 sets up the STAGES mbarriers (and the
+// block waits for that); one bulk copy of `bytes` into a stage, completing the stage's
+// mbarrier; the wait for a stage's mbarrier to complete with `parity`.
+template <int STAGES>
+__device__ __forceinline__ void ring_init(uint64_t (&landed)[STAGES]) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&landed[s])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+}
+__device__ __forceinline__ void ring_issue(unsigned char* stage, uint64_t* landed, const char* src, int bytes) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(landed)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(stage)),
+               "l"(src), "r"(bytes), "r"(smem_addr(landed))
+               : "memory");
+}
+__device__ __forceinline__ void ring_wait(uint64_t* landed, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                 : "=r"(done)
+                 : "r"(smem_addr(landed)), "r"(parity)
+                 : "memory");
+}
+
+template <int TILE, int STAGES>
+__global__ void __launch_bounds__(256) bulk_read_kernel(const char* __restrict__ p, int64_t tiles, unsigned* sink) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ __align__(8) uint64_t landed[STAGES];
+  const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;  // tiles blockIdx.x + j·gridDim.x
+  ring_init(landed);
   auto issue = [&](int64_t j) {
     const int s = int(j % STAGES);
-    const char* src = p + (blockIdx.x + j * gridDim.x) * int64_t(TILE);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&landed[s])), "r"(TILE)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            smem_addr(ring + s * TILE)),
-        "l"(src), "r"(TILE), "r"(smem_addr(&landed[s]))
-        : "memory");
+    ring_issue(ring + s * TILE, &landed[s], p + (blockIdx.x + j * gridDim.x) * int64_t(TILE), TILE);
   };
   if (threadIdx.x == 0)
     for (int64_t j = 0; j < STAGES && j < mine; ++j) issue(j);
   uint32_t acc = 0;
   for (int64_t j = 0; j < mine; ++j) {
     const int s = int(j % STAGES);
-    const uint32_t parity = uint32_t(j / STAGES) & 1u;
-    uint32_t done = 0;
-    while (!done)
-      asm volatile(
-          "{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
-          : "=r"(done)
-          : "r"(smem_addr(&landed[s])), "r"(parity)
-          : "memory");
+    ring_wait(&landed[s], uint32_t(j / STAGES) & 1u);
     const uint4* t = reinterpret_cast<const uint4*>(ring + s * TILE);
 #pragma unroll 4
     for (int i = threadIdx.x; i < TILE / 16; i += 256) {
@@ -291,24 +300,13 @@ __global__ void __launch_bounds__(256) tiled_bulk_kernel(const char* __restrict_
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ __align__(8) uint64_t landed[STAGES];
   const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&landed[s])));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  ring_init(landed);
   // Consecutive tiles of a block are contiguous here (kPerRelease of them make one release tile).
   auto issue = [&](int64_t j) {
     const int s = int(j % STAGES);
     const int64_t big = j / kPerRelease, piece = j % kPerRelease;
-    const char* src = p + (blockIdx.x + big * gridDim.x) * int64_t(kReleaseTile) + piece * TILE;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&landed[s])), "r"(TILE)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            smem_addr(ring + s * TILE)),
-        "l"(src), "r"(TILE), "r"(smem_addr(&landed[s]))
-        : "memory");
+    ring_issue(ring + s * TILE, &landed[s], p + (blockIdx.x + big * gridDim.x) * int64_t(kReleaseTile) + piece * TILE,
+               TILE);
   };
   const int64_t pieces = mine * kPerRelease;
   if (threadIdx.x == 0)
@@ -316,14 +314,7 @@ __global__ void __launch_bounds__(256) tiled_bulk_kernel(const char* __restrict_
   uint32_t acc = 0;
   for (int64_t j = 0; j < pieces; ++j) {
     const int s = int(j % STAGES);
-    const uint32_t parity = uint32_t(j / STAGES) & 1u;
-    uint32_t done = 0;
-    while (!done)
-      asm volatile(
-          "{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
-          : "=r"(done)
-          : "r"(smem_addr(&landed[s])), "r"(parity)
-          : "memory");
+    ring_wait(&landed[s], uint32_t(j / STAGES) & 1u);
     const uint4* t = reinterpret_cast<const uint4*>(ring + s * TILE);
 #pragma unroll 4
     for (int i = threadIdx.x; i < TILE / 16; i += 256) {

@@ -193,7 +193,8 @@ class CudaBackend final : public Backend {
       check(cudaMalloc(&q, tb), "upload_weight",
             ("allocating " + std::to_string(tb) + " bytes for the tiled copy of '" + parts.front()->name + "'").c_str());
       std::shared_ptr<void> copy(q, [](void* r) { cudaFree(r); });
-      check(cudaDeviceSynchronize(), "upload_weight", "waiting for the weight's copy");  // pageable copies may still be in flight
+      // A copy from pageable memory may still be in flight when cudaMemcpy returns.
+      check(cudaDeviceSynchronize(), "upload_weight", "waiting for the weight's copy");
       skinny_tile_weight(p, rows, cols, cols, q, upload_stream_);
       check(cudaStreamSynchronize(upload_stream_), "upload_weight", "tiling a weight");
       tiled_[p] = TiledCopy{std::move(copy), rows, cols};

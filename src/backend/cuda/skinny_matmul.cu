@@ -94,6 +94,25 @@ __device__ __forceinline__ const uint4* tiled_rows(const __nv_bfloat16* w, int64
   return reinterpret_cast<const uint4*>(w) + tau * (K / 32) * 32 + lane;
 }
 
+// Where a warp's NT n8 tiles of w start, for chunk 0: rows first + 8·nt (PAIR: gate rows first …
+// and up rows NO + first …). Row-major, lane (g, t) reads 16-byte unit t of its row g, and
+// chunk c is 4c units on; rows past the weight re-read its last. TILED: tiled_rows.
+template <int NT, bool PAIR, bool TILED>
+__device__ __forceinline__ void point_weight_rows(const uint4* (&wrow)[NT], const __nv_bfloat16* w, int64_t ldw,
+                                                  int64_t first, int N, int64_t NO, int K, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if constexpr (TILED) {
+      wrow[nt] = tiled_rows(w, PAIR ? (first < NO ? nt * NO + first : int64_t(N)) : first + nt * 8, N, K, lane);
+    } else {
+      int64_t n = first + nt * 8 + g;
+      if constexpr (PAIR) n = first + g < NO ? nt * NO + first + g : N - 1;
+      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
+    }
+  }
+}
+
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
 // and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
@@ -129,18 +148,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
-  // 16-byte units: chunk c of lane t is unit 4c + t of the row.
   const uint4* wrow[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    if constexpr (TILED) {
-      wrow[nt] = tiled_rows(w, PAIR ? (n0 < NO ? nt * NO + n0 : int64_t(N)) : n0 + nt * 8, N, K, lane);
-    } else {
-      int64_t n = n0 + nt * 8 + g;
-      if constexpr (PAIR) n = n0 + g < NO ? nt * NO + n0 + g : N - 1;
-      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
-    }
-  }
+  point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, n0, N, NO, K, lane);
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
   const int c_last = c_end - 1;
@@ -327,20 +336,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   int64_t block_n0 = int64_t(tile) * block_cols;
   int64_t n0 = block_n0 + int64_t(group) * kCols;
 
-  // 16-byte units: chunk c of lane t is unit 4c + t of the row.
   const uint4* wrow[NT];
-  auto point_rows = [&](int64_t first) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if constexpr (TILED) {
-        wrow[nt] = tiled_rows(w, PAIR ? (first < NO ? nt * NO + first : int64_t(N)) : first + nt * 8, N, K, lane);
-      } else {
-        int64_t n = first + nt * 8 + g;
-        if constexpr (PAIR) n = first + g < NO ? nt * NO + first + g : N - 1;
-        wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
-      }
-    }
-  };
+  auto point_rows = [&](int64_t first) { point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, first, N, NO, K, lane); };
   point_rows(n0);
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
@@ -983,30 +980,26 @@ void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t l
     throw Error("cuda matmul_silu_mul: the paired kernel called where it does not apply");
   // The K slices the plain product of this weight takes (its tile width does not change a sum).
   const int S = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots).S;
-  const SkinnyNorm none{};
-  if (w_tiled && (N / 2) % 8 == 0) {  // gate and up rows start on n8 tiles of the pre-tiled copy
+  // The four instantiations (m16 tiles, a consumed norm or none) of one weight layout.
+  auto launch = [&](auto tiled, const void* wp) {
+    constexpr bool T = decltype(tiled)::value;
+    const SkinnyNorm none{};
     if (norm && M <= 16)
-      launch_mma<1, 2, __nv_bfloat16, kEpiScaleInv, true, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, false,
-                                                                w_uploaded, *norm, s);
+      launch_mma<1, 2, __nv_bfloat16, kEpiScaleInv, true, T>(x, ldx, wp, ldw, y, ldy, M, N, K, S, false, w_uploaded,
+                                                               *norm, s);
     else if (norm)
-      launch_mma<2, 2, __nv_bfloat16, kEpiScaleInv, true, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, false,
-                                                                w_uploaded, *norm, s);
+      launch_mma<2, 2, __nv_bfloat16, kEpiScaleInv, true, T>(x, ldx, wp, ldw, y, ldy, M, N, K, S, false, w_uploaded,
+                                                               *norm, s);
     else if (M <= 16)
-      launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, false,
-                                                             w_uploaded, none, s);
+      launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true, T>(x, ldx, wp, ldw, y, ldy, M, N, K, S, false, w_uploaded,
+                                                            none, s);
     else
-      launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true, true>(x, ldx, w_tiled, ldw, y, ldy, M, N, K, S, false,
-                                                             w_uploaded, none, s);
-    return;
-  }
-  if (norm && M <= 16)
-    launch_mma<1, 2, __nv_bfloat16, kEpiScaleInv, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, *norm, s);
-  else if (norm)
-    launch_mma<2, 2, __nv_bfloat16, kEpiScaleInv, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, *norm, s);
-  else if (M <= 16)
-    launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
-  else
-    launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, false, w_uploaded, none, s);
+      launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true, T>(x, ldx, wp, ldw, y, ldy, M, N, K, S, false, w_uploaded,
+                                                            none, s);
+  };
+  // Gate and up rows start on n8 tiles of the pre-tiled copy only where N / 2 is a multiple of 8.
+  if (w_tiled && (N / 2) % 8 == 0) launch(std::true_type{}, w_tiled);
+  else launch(std::false_type{}, w);
 }
 
 namespace {
@@ -1030,7 +1023,9 @@ bool skinny_tiles(int64_t rows, int64_t cols, int64_t ld) {
 size_t skinny_tiled_bytes(int64_t rows, int64_t cols) { return size_t((rows + 7) / 8 * 8) * size_t(cols) * 2; }
 
 void skinny_tile_weight(const void* w, int64_t rows, int64_t cols, int64_t ld, void* tiled, cudaStream_t s) {
-  if (!skinny_tiles(rows, cols, ld)) throw Error("cuda: a weight of " + std::to_string(cols) + " columns cannot be tiled");
+  if (!skinny_tiles(rows, cols, ld))
+    throw Error("cuda: a weight of " + std::to_string(rows) + " x " + std::to_string(cols) + " (row stride " +
+                std::to_string(ld) + ") cannot be tiled: it needs columns in multiples of 32, a stride of 8");
   const int64_t pieces = int64_t(skinny_tiled_bytes(rows, cols) / 16);
   const unsigned blocks = unsigned(std::min<int64_t>((pieces + 255) / 256, 65535));
   tile_weight_kernel<<<blocks, 256, 0, s>>>(static_cast<const uint4*>(w), rows, ld / 8, int(cols / 32),
