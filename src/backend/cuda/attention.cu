@@ -68,6 +68,17 @@ struct SplitArgs : AttentionOperands {
   bool vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
+  // Non-null: split_kernel merges too (see split_kernel), counting finished chunks of each
+  // (row tile, head tile, KV head) here; each count is back at 0 when the kernel ends.
+  unsigned* merge_counters;
+  // Measuring only (DFLASH_ATTN_MERGE_EARLY=1): the merging split kernel lets its dependents go
+  // right after its wait, so that the next product's blocks stream their first weights during
+  // the split and the merge, instead of after the partials are stored.
+  bool merge_early;
+  // Measuring only (DFLASH_ATTN_MERGE_TRIGGER_FIRST=R: up to R rows): the separate merge lets
+  // its dependents go before its own wait, so that o_proj's blocks become resident, and stream
+  // their first weights, while the split kernel still runs.
+  bool merge_trigger_first;
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -420,29 +431,6 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
 }
 
-// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-template <int W>
-__global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, kvh = blockIdx.y;
-  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
-  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
-  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
-  const int h_in_group = head_tile * a.heads_per_block;
-  const int hg = min(a.heads_per_block, a.group - h_in_group);
-  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
-  const int64_t c0 = int64_t(c) * kChunk;
-  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
-  // past it (rows beyond kv_len among them) are never read.
-  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  const TimelineMark mark = grid_dependency_begin();
-  if (n_load > 0) {
-    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-  }
-  mark.exit();
-}
-
 // The merge, after split_kernel: one warp per (row, head), lane l owning output elements
 // l·V … (V = 4 when D % 4 == 0) and, for the max, chunks l, l + 32, …:
 // out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), both sums in chunk order 0, 1, … (each chunk's
@@ -451,17 +439,12 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
 // The partials are read through L2 (__ldcg): each is used once. (Merging in split_kernel, by
 // each tile's last block to finish, put a whole tile's merge on one block: the DFlash step at
 // Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29; again,
-// staged through shared memory with this arithmetic: 7.67 against 6.22-6.25 ms, 2026-11-30;
-// for decode rows alone, each KV head's last chunk block merging its four heads with this
-// function and releasing its dependents only after its partials: plain decode 221.7-223.1
-// against 226.2-227.6 tokens/s, 2026-12-02.)
+// staged through shared memory with this arithmetic: 7.67 against 6.22-6.25 ms, 2026-11-30.)
 constexpr int kMergeEarlyChunks = 16;
-template <int V>
-__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin();
-  const int lane = threadIdx.x % 32;
-  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
-  if (pair >= a.T * a.hq) return;  // whole warps
+// In split_kernel's merge fewer, for its registers; the same sums in the same order.
+constexpr int kFusedMergeEarlyChunks = 8;
+template <int V, int EARLY = kMergeEarlyChunks>
+__device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int lane) {  // pair = t · hq + h
   const int64_t t = pair / a.hq;
   const int n = static_cast<int>((visible_keys(t, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
   const float2* ml = a.part_ml + pair * a.nc;
@@ -471,9 +454,9 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   for (int base = 0; base < a.D; base += 32 * V) {  // warp-uniform
     const int d0 = base + lane * V;
     const bool live = d0 < a.D;  // D % V == 0
-    float early[kMergeEarlyChunks][V];
+    float early[EARLY][V];
 #pragma unroll
-    for (int c = 0; c < kMergeEarlyChunks; ++c)
+    for (int c = 0; c < EARLY; ++c)
       if (c < n && live) {
         if constexpr (V == 4) {
           const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(c) * a.D + d0));
@@ -494,7 +477,7 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
     float2 x = first;  // chunks cb … cb + 31: lane l holds chunk cb + l's (max, sum)
     float w_lane = lane < n ? exp2f(x.x - M) : 0.f;
 #pragma unroll
-    for (int c = 0; c < kMergeEarlyChunks; ++c) {
+    for (int c = 0; c < EARLY; ++c) {
       if (c >= n) break;  // warp-uniform
       const float w = __shfl_sync(0xffffffffu, w_lane, c), l = __shfl_sync(0xffffffffu, x.y, c);
       if (live) {
@@ -503,7 +486,7 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
       }
       den = fmaf(l, w, den);
     }
-    for (int c = kMergeEarlyChunks; c < n; ++c) {
+    for (int c = EARLY; c < n; ++c) {
       if (c % 32 == 0) {
         x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
         w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;
@@ -530,9 +513,74 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   }
 }
 
+template <int V>
+__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
+  if (a.merge_trigger_first) {
+    grid_dependents_launch();
+    grid_dependency_wait();
+  } else {
+    grid_dependency_begin();
+  }
+  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (pair < a.T * a.hq) merge_pair<V>(a, pair, threadIdx.x % 32);  // whole warps
+}
+
+// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
+// MERGE: the decode variant, which merges too (a.merge_counters set). A kernel of its own
+// because the merge's registers (171 against 72 a thread) would halve the blocks an SM holds
+// in verification.
+template <int W, bool MERGE>
+__global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
+  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
+  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
+  const int h_in_group = head_tile * a.heads_per_block;
+  const int hg = min(a.heads_per_block, a.group - h_in_group);
+  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
+  const int64_t c0 = int64_t(c) * kChunk;
+  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
+  // past it (rows beyond kv_len among them) are never read.
+  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
+  const TimelineMark mark = MERGE ? grid_dependency_wait() : grid_dependency_begin();
+  if (MERGE && a.merge_early) grid_dependents_launch();
+  if (n_load > 0) {
+    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+  }
+  if constexpr (MERGE) {
+    // The merge without a launch of its own: the last block of the tile to finish merges the
+    // tile's (row, head) pairs, with split_merge_kernel's arithmetic. The dependents are let
+    // go only now, so the next product's first weight loads do not queue in front of this
+    // kernel's K/V loads (the merge is short; they overlap it).
+    __shared__ bool merge_here;
+    __threadfence();  // this thread's partials, before the block is counted
+    __syncthreads();
+    if (!a.merge_early) grid_dependents_launch();
+    if (threadIdx.x == 0) {
+      unsigned* count = a.merge_counters + (int64_t(blockIdx.z) * gridDim.y + kvh);
+      merge_here = atomicAdd(count, 1u) == gridDim.x - 1;
+      if (merge_here) *count = 0;  // every chunk of the tile is in: ready for the next launch
+    }
+    __syncthreads();
+    if (merge_here) {
+      __threadfence();  // the other blocks' partials, seen through their counts
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      for (int q = warp; q < rows * hg; q += W) {
+        const int64_t pair = (t0 + q / hg) * a.hq + h_base + q % hg;
+        if (a.D % 4 == 0) merge_pair<4, kFusedMergeEarlyChunks>(a, pair, lane);
+        else merge_pair<1, kFusedMergeEarlyChunks>(a, pair, lane);
+      }
+    }
+  }
+  mark.exit();
+}
+
 // Split tiles hold about this many queries (rows × heads); see attention().
 constexpr int kSplitTileQueries = 16;
 constexpr int64_t kSplitManyBlocks = 2048;
+constexpr int kFusedMergeRows = 1;
 
 // Whether the split path runs on the tensor cores: the kernel must exist as sm_80+ code in this
 // binary (an older PTX-only build has the mma compiled to a trap). Read once per process, so a
@@ -542,7 +590,7 @@ bool split_mma_enabled() {
   static const bool enabled = [] {
     if (const char* e = std::getenv("DFLASH_ATTN_MMA"); e && std::string(e) == "0") return false;
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, split_kernel<kSplitWarps>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, split_kernel<kSplitWarps, false>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -568,7 +616,7 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, cudaStream_t s) {
+               bool causal, void* scratch, unsigned* merge_counters, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -633,12 +681,12 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         const int w = e ? std::atoi(e) : 0;
         return w == 4 ? w : kSplitWarps;
       }();
-      auto* kernel = warps == 4 ? split_kernel<4> : split_kernel<8>;
+      auto* kernel = warps == 4 ? split_kernel<4, false> : split_kernel<8, false>;
       static const cudaError_t opt_in = [] {
         const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                                         split_mma_smem_bytes(128, 64),
                                                         split_mma_smem_bytes(kMaxHeadDim, 32)}));
-        for (auto* k : {split_kernel<4>, split_kernel<8>})
+        for (auto* k : {split_kernel<4, false>, split_kernel<8, false>, split_kernel<8, true>})
           if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
             return e;
         return cudaSuccess;
@@ -646,8 +694,34 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      launch_kernel("attention", kernel, grid, warps * 32, smem, s, a);
+      // Up to kFusedMergeRows rows (decode) the split kernel merges too, one launch fewer on
+      // the step's critical path; verification blocks keep the separate merge (see
+      // split_merge_kernel). Same arithmetic either way.
+      static const int fused_rows = [] {
+        const char* e = std::getenv("DFLASH_ATTN_FUSED_MERGE_ROWS");  // measuring only
+        return e ? std::atoi(e) : kFusedMergeRows;
+      }();
+      const int64_t tiles = hkv * row_tiles * a.head_tiles;
+      if (merge_counters && warps == 8 && T <= fused_rows && tiles <= kAttentionMergeCounters) {
+        a.merge_counters = merge_counters;
+        static const bool early = [] {
+          const char* e = std::getenv("DFLASH_ATTN_MERGE_EARLY");  // measuring only
+          return e && std::string(e) == "1";
+        }();
+        a.merge_early = early;
+        kernel = split_kernel<8, true>;
+      }
+      // Its own name for the measuring knobs (launch.cuh): its carveout may differ from the
+      // verification blocks'.
+      launch_kernel(a.merge_counters ? "attention_merging" : T == 1 ? "attention_decode" : "attention", kernel, grid,
+                    warps * 32, smem, s, a);
+      if (a.merge_counters) return;
     }
+    static const int64_t trigger_first_rows = [] {
+      const char* e = std::getenv("DFLASH_ATTN_MERGE_TRIGGER_FIRST");  // measuring only
+      return e ? std::atoll(e) : int64_t(0);
+    }();
+    a.merge_trigger_first = T <= trigger_first_rows;
     launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
                   128, 0, s, a);
     return;

@@ -136,13 +136,26 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[4], const void* sme
 // it is placed after the wait so at most one kernel waits ahead. No-ops where the kernel was
 // launched without the attribute, and on pre-sm_90 targets. The mark it returns is the
 // block's entry on the measuring timeline (timeline.cuh; empty in a normal build).
+__device__ __forceinline__ TimelineMark grid_dependency_wait();
+__device__ __forceinline__ void grid_dependents_launch();
 __device__ __forceinline__ TimelineMark grid_dependency_begin() {
+  const TimelineMark mark = grid_dependency_wait();
+  grid_dependents_launch();
+  return mark;
+}
+// The two halves, for a kernel that must hold its dependents back past the wait (a kernel
+// whose tail is serial work, which the next product's early weight loads would slow down).
+__device__ __forceinline__ TimelineMark grid_dependency_wait() {
   const TimelineArrival arrival = timeline_arrive();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   return timeline_waited(arrival);
+}
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Dispatches a functor templated on the element type named by `e`.
