@@ -116,8 +116,7 @@ struct AttentionInputs {
 
 // Attention of T query rows at positions q_pos0 … over kv_len cached keys: each row computed in
 // the block must equal, bit for bit, the same row computed alone (T = 1, kv_len = its visible
-// count: a plain decode step, whose split kernel merges its chunks itself where the block's
-// takes a second launch), and the block must be near the CPU backend's f32 attention.
+// count: a plain decode step), and the block must be near the CPU backend's f32 attention.
 void check_attention_rows_alone(Backend& gpu, int64_t T, int64_t hq, int64_t hkv, int64_t D, int64_t kv_len,
                                 int64_t q_pos0, AttentionMask mask) {
   const AttentionInputs in(gpu, T, hq, hkv, D, kv_len, q_pos0, mask);

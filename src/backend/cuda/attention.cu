@@ -68,17 +68,7 @@ struct SplitArgs : AttentionOperands {
   bool vec;
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
-  // Non-null: split_kernel merges too (see split_kernel), counting finished chunks of each
-  // (row tile, head tile, KV head) here; each count is back at 0 when the kernel ends.
-  unsigned* merge_counters;
-  // Measuring only (DFLASH_ATTN_MERGE_EARLY=1): the merging split kernel lets its dependents go
-  // right after its wait, so that the next product's blocks stream their first weights during
-  // the split and the merge, instead of after the partials are stored.
-  bool merge_early;
-  // Measuring only (DFLASH_ATTN_MERGE_TRIGGER_FIRST=R: up to R rows): the separate merge lets
-  // its dependents go before its own wait, so that o_proj's blocks become resident, and stream
-  // their first weights, while the split kernel still runs.
-  bool merge_trigger_first;
+  bool dependents_first;  // the merge lets its dependents in before its wait (kDecodeSplitCarveout)
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -431,6 +421,33 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   }
 }
 
+// Which shared-memory carveout a split launch asks for (kDecodeSplitCarveout, below). The kernel
+// is the same code for each; a carveout belongs to a function, so each is an instantiation.
+enum SplitCarveout : int { kCarveoutDriver = 0, kCarveoutDecode = 1, kCarveoutBlock = 2 };
+
+// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
+template <int W, int CARVEOUT = kCarveoutDriver>
+__global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
+  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
+  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
+  const int h_in_group = head_tile * a.heads_per_block;
+  const int hg = min(a.heads_per_block, a.group - h_in_group);
+  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
+  const int64_t c0 = int64_t(c) * kChunk;
+  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
+  // past it (rows beyond kv_len among them) are never read.
+  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
+  const TimelineMark mark = grid_dependency_begin();
+  if (n_load > 0) {
+    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+  }
+  mark.exit();
+}
+
 // The merge, after split_kernel: one warp per (row, head), lane l owning output elements
 // l·V … (V = 4 when D % 4 == 0) and, for the max, chunks l, l + 32, …:
 // out = Σ_c o_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M), both sums in chunk order 0, 1, … (each chunk's
@@ -439,12 +456,22 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
 // The partials are read through L2 (__ldcg): each is used once. (Merging in split_kernel, by
 // each tile's last block to finish, put a whole tile's merge on one block: the DFlash step at
 // Qwen3-8B shapes took 7.35 ms against 6.79 with a separate launch, H200, 2026-11-29; again,
-// staged through shared memory with this arithmetic: 7.67 against 6.22-6.25 ms, 2026-11-30.)
+// staged through shared memory with this arithmetic: 7.67 against 6.22-6.25 ms, 2026-11-30;
+// for decode rows alone, each KV head's last chunk block merging its four heads with this
+// function and releasing its dependents only after its partials: plain decode 221.7-223.1
+// against 226.2-227.6 tokens/s, 2026-12-02.)
 constexpr int kMergeEarlyChunks = 16;
-// In split_kernel's merge fewer, for its registers; the same sums in the same order.
-constexpr int kFusedMergeEarlyChunks = 8;
-template <int V, int EARLY = kMergeEarlyChunks>
-__device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int lane) {  // pair = t · hq + h
+template <int V>
+__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
+  if (a.dependents_first) {  // see kDecodeSplitCarveout
+    grid_dependents_launch();
+    grid_dependency_wait();
+  } else {
+    grid_dependency_begin();
+  }
+  const int lane = threadIdx.x % 32;
+  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
+  if (pair >= a.T * a.hq) return;  // whole warps
   const int64_t t = pair / a.hq;
   const int n = static_cast<int>((visible_keys(t, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
   const float2* ml = a.part_ml + pair * a.nc;
@@ -454,9 +481,9 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
   for (int base = 0; base < a.D; base += 32 * V) {  // warp-uniform
     const int d0 = base + lane * V;
     const bool live = d0 < a.D;  // D % V == 0
-    float early[EARLY][V];
+    float early[kMergeEarlyChunks][V];
 #pragma unroll
-    for (int c = 0; c < EARLY; ++c)
+    for (int c = 0; c < kMergeEarlyChunks; ++c)
       if (c < n && live) {
         if constexpr (V == 4) {
           const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(c) * a.D + d0));
@@ -477,7 +504,7 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
     float2 x = first;  // chunks cb … cb + 31: lane l holds chunk cb + l's (max, sum)
     float w_lane = lane < n ? exp2f(x.x - M) : 0.f;
 #pragma unroll
-    for (int c = 0; c < EARLY; ++c) {
+    for (int c = 0; c < kMergeEarlyChunks; ++c) {
       if (c >= n) break;  // warp-uniform
       const float w = __shfl_sync(0xffffffffu, w_lane, c), l = __shfl_sync(0xffffffffu, x.y, c);
       if (live) {
@@ -486,7 +513,7 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
       }
       den = fmaf(l, w, den);
     }
-    for (int c = EARLY; c < n; ++c) {
+    for (int c = kMergeEarlyChunks; c < n; ++c) {
       if (c % 32 == 0) {
         x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
         w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;
@@ -513,74 +540,29 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
   }
 }
 
-template <int V>
-__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  if (a.merge_trigger_first) {
-    grid_dependents_launch();
-    grid_dependency_wait();
-  } else {
-    grid_dependency_begin();
-  }
-  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (pair < a.T * a.hq) merge_pair<V>(a, pair, threadIdx.x % 32);  // whole warps
-}
-
-// One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-// MERGE: the decode variant, which merges too (a.merge_counters set). A kernel of its own
-// because the merge's registers (171 against 72 a thread) would halve the blocks an SM holds
-// in verification.
-template <int W, bool MERGE>
-__global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, kvh = blockIdx.y;
-  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
-  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
-  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
-  const int h_in_group = head_tile * a.heads_per_block;
-  const int hg = min(a.heads_per_block, a.group - h_in_group);
-  const int h_base = kvh * a.group + h_in_group;  // first query head of the tile
-  const int64_t c0 = int64_t(c) * kChunk;
-  // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
-  // past it (rows beyond kv_len among them) are never read.
-  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  const TimelineMark mark = MERGE ? grid_dependency_wait() : grid_dependency_begin();
-  if (MERGE && a.merge_early) grid_dependents_launch();
-  if (n_load > 0) {
-    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-  }
-  if constexpr (MERGE) {
-    // The merge without a launch of its own: the last block of the tile to finish merges the
-    // tile's (row, head) pairs, with split_merge_kernel's arithmetic. The dependents are let
-    // go only now, so the next product's first weight loads do not queue in front of this
-    // kernel's K/V loads (the merge is short; they overlap it).
-    __shared__ bool merge_here;
-    __threadfence();  // this thread's partials, before the block is counted
-    __syncthreads();
-    if (!a.merge_early) grid_dependents_launch();
-    if (threadIdx.x == 0) {
-      unsigned* count = a.merge_counters + (int64_t(blockIdx.z) * gridDim.y + kvh);
-      merge_here = atomicAdd(count, 1u) == gridDim.x - 1;
-      if (merge_here) *count = 0;  // every chunk of the tile is in: ready for the next launch
-    }
-    __syncthreads();
-    if (merge_here) {
-      __threadfence();  // the other blocks' partials, seen through their counts
-      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      for (int q = warp; q < rows * hg; q += W) {
-        const int64_t pair = (t0 + q / hg) * a.hq + h_base + q % hg;
-        if (a.D % 4 == 0) merge_pair<4, kFusedMergeEarlyChunks>(a, pair, lane);
-        else merge_pair<1, kFusedMergeEarlyChunks>(a, pair, lane);
-      }
-    }
-  }
-  mark.exit();
-}
-
 // Split tiles hold about this many queries (rows × heads); see attention().
 constexpr int kSplitTileQueries = 16;
 constexpr int64_t kSplitManyBlocks = 2048;
-constexpr int kFusedMergeRows = 1;
+
+// The split kernel's shared-memory carveout, for the product after it. The skinny products keep
+// their weight loads in flight through L1, so they run slowly on an SM whose unified L1 / shared
+// memory went mostly to shared memory (with the products' own carveout at 100 % plain decode fell
+// from 227 to 171 tokens/s, 2026-12-01), and an SM changes its carveout only when it is empty.
+// Left to the driver, the split kernel takes a large one (several of its 43 KB blocks an SM),
+// and the next products start under PDL on SMs that still hold split blocks. So:
+// - a decode step asks for a quarter (64 KB: one block an SM; 80 blocks at 512 cached rows), and
+//   its merge then lets o_proj's blocks in before its own wait: they become resident beside the
+//   split blocks and start streaming their first weights while attention still runs. Letting
+//   them in early with the driver's carveout cost 4 % (218-220 against 228 tokens/s);
+// - a verification or drafting block asks for 44 % (100 KB: two blocks an SM).
+// Measured in one run each (H200, 2026-12-02, docs/benchmarks.md twenty-seventh pass): plain
+// decode 227.8-228.3 against 226.7-227.4 tokens/s, and with the block carveout a DFlash step
+// 6.001-6.009 against 6.074-6.134 ms; 64 % for blocks, or 44 % for decode, was slower. Only
+// where the blocks fit in two waves at those carveouts (up to about 1000 cached rows at
+// Qwen3-8B shapes; longer contexts were not measured) does a launch ask: past that it would
+// cost the split kernel waves. The chunks, sums and bits are the same either way.
+constexpr int kDecodeSplitCarveout = 25;  // percent of the largest shared memory, a hint
+constexpr int kBlockSplitCarveout = 44;
 
 // Whether the split path runs on the tensor cores: the kernel must exist as sm_80+ code in this
 // binary (an older PTX-only build has the mma compiled to a trap). Read once per process, so a
@@ -590,7 +572,7 @@ bool split_mma_enabled() {
   static const bool enabled = [] {
     if (const char* e = std::getenv("DFLASH_ATTN_MMA"); e && std::string(e) == "0") return false;
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, split_kernel<kSplitWarps, false>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, split_kernel<kSplitWarps>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -616,7 +598,7 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, unsigned* merge_counters, cudaStream_t s) {
+               bool causal, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -635,6 +617,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
     const int64_t nc = split_chunks(kv_len);
     if (nc > INT32_MAX) throw Error("cuda attention: kv_len " + std::to_string(kv_len) + " too long");
     SplitArgs a{};
+    bool decode_split = false;  // the decode carveout's launch ran (kDecodeSplitCarveout)
     static_cast<AttentionOperands&>(a) = operands;
     a.part_ml = static_cast<float2*>(scratch);
     a.part_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + split_ml_bytes(T, hq, nc));
@@ -681,12 +664,34 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         const int w = e ? std::atoi(e) : 0;
         return w == 4 ? w : kSplitWarps;
       }();
-      auto* kernel = warps == 4 ? split_kernel<4, false> : split_kernel<8, false>;
+      static const int64_t sms = [] {
+        int device = 0, n = 0;
+        check(cudaGetDevice(&device), "attention", "cudaGetDevice");
+        check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "attention", "SM count");
+        return int64_t(n);
+      }();
+      const int64_t blocks = nc * hkv * row_tiles * a.head_tiles;
+      const SplitCarveout carveout = warps != 8 ? kCarveoutDriver
+                                     : T == 1   ? (blocks <= sms ? kCarveoutDecode : kCarveoutDriver)
+                                                : (blocks <= 4 * sms ? kCarveoutBlock : kCarveoutDriver);
+      decode_split = carveout == kCarveoutDecode;
+      auto* kernel = carveout == kCarveoutDecode ? split_kernel<8, kCarveoutDecode>
+                     : carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock>
+                     : warps == 4                 ? split_kernel<4>
+                                                  : split_kernel<8>;
+      // launch.cuh's names for the measuring knobs (DFLASH_CUDA_CARVEOUT overrides these).
+      const char* op = carveout == kCarveoutDecode ? "attention_decode"
+                       : carveout == kCarveoutBlock ? "attention_block"
+                                                    : "attention";
+      if (carveout != kCarveoutDriver && !carveout_for(op))
+        apply_carveout(reinterpret_cast<const void*>(kernel),
+                       carveout == kCarveoutDecode ? kDecodeSplitCarveout : kBlockSplitCarveout, op);
       static const cudaError_t opt_in = [] {
         const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                                         split_mma_smem_bytes(128, 64),
                                                         split_mma_smem_bytes(kMaxHeadDim, 32)}));
-        for (auto* k : {split_kernel<4, false>, split_kernel<8, false>, split_kernel<8, true>})
+        for (auto* k :
+             {split_kernel<4>, split_kernel<8>, split_kernel<8, kCarveoutDecode>, split_kernel<8, kCarveoutBlock>})
           if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
             return e;
         return cudaSuccess;
@@ -694,34 +699,15 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      // Up to kFusedMergeRows rows (decode) the split kernel merges too, one launch fewer on
-      // the step's critical path; verification blocks keep the separate merge (see
-      // split_merge_kernel). Same arithmetic either way.
-      static const int fused_rows = [] {
-        const char* e = std::getenv("DFLASH_ATTN_FUSED_MERGE_ROWS");  // measuring only
-        return e ? std::atoi(e) : kFusedMergeRows;
-      }();
-      const int64_t tiles = hkv * row_tiles * a.head_tiles;
-      if (merge_counters && warps == 8 && T <= fused_rows && tiles <= kAttentionMergeCounters) {
-        a.merge_counters = merge_counters;
-        static const bool early = [] {
-          const char* e = std::getenv("DFLASH_ATTN_MERGE_EARLY");  // measuring only
-          return e && std::string(e) == "1";
-        }();
-        a.merge_early = early;
-        kernel = split_kernel<8, true>;
-      }
-      // Its own name for the measuring knobs (launch.cuh): its carveout may differ from the
-      // verification blocks'.
-      launch_kernel(a.merge_counters ? "attention_merging" : T == 1 ? "attention_decode" : "attention", kernel, grid,
-                    warps * 32, smem, s, a);
-      if (a.merge_counters) return;
+      launch_kernel(op, kernel, grid, warps * 32, smem, s, a);
     }
-    static const int64_t trigger_first_rows = [] {
-      const char* e = std::getenv("DFLASH_ATTN_MERGE_TRIGGER_FIRST");  // measuring only
-      return e ? std::atoll(e) : int64_t(0);
+    // Measuring only: DFLASH_ATTN_MERGE_DEPENDENTS_FIRST=R lets dependents in first up to R rows
+    // whatever the split kernel's carveout (0: never).
+    static const int64_t dependents_first_rows = [] {
+      const char* e = std::getenv("DFLASH_ATTN_MERGE_DEPENDENTS_FIRST");
+      return e ? std::atoll(e) : int64_t(-1);
     }();
-    a.merge_trigger_first = T <= trigger_first_rows;
+    a.dependents_first = dependents_first_rows >= 0 ? T <= dependents_first_rows : decode_split;
     launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
                   128, 0, s, a);
     return;

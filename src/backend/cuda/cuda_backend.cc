@@ -96,10 +96,6 @@ class CudaBackend final : public Backend {
     // A fixed workspace: cuBLAS would otherwise allocate its own on first use of some kernels.
     workspace_ = pool_->allocate(kWorkspaceBytes, "init");
     check_blas(cublasSetWorkspace(blas_, workspace_.get(), kWorkspaceBytes), "init", "cublasSetWorkspace");
-    // Zero once: each attention launch that counts in them leaves them at zero (kernels.h).
-    merge_counters_ = pool_->allocate(cuda::kAttentionMergeCounters * sizeof(unsigned), "init");
-    check(cudaMemset(merge_counters_.get(), 0, cuda::kAttentionMergeCounters * sizeof(unsigned)), "init",
-          "cudaMemset");
     staging_ = std::make_unique<StagingRing>(stream_);
     graphs_ = std::make_unique<GraphRecorder>(stream_, *staging_);
     id_reads_ = std::make_unique<IdReads>(stream_);
@@ -123,7 +119,6 @@ class CudaBackend final : public Backend {
     read_back_.reset();
     rope_.clear();
     workspace_.reset();
-    merge_counters_.reset();
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -502,8 +497,7 @@ class CudaBackend final : public Backend {
       scratch = pool_->allocate(rounded, "attention");
     }
     cuda::attention(q.data, q.ld, k.data, k.ld, v.data, v.ld, out.data, out.ld, q.rows, hq, hkv, head_dim, kv_len,
-                    q_pos0, mask == AttentionMask::Causal, scratch.get(), static_cast<unsigned*>(merge_counters_.get()),
-                    stream_);
+                    q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_);
   }
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
@@ -732,7 +726,6 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<void> workspace_;
-  std::shared_ptr<void> merge_counters_;  // attention's, see cuda::attention
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
   std::unique_ptr<Timeline> timeline_;  // null unless DFLASH_CUDA_TIMELINE_OUT is set

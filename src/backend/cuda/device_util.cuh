@@ -143,8 +143,8 @@ __device__ __forceinline__ TimelineMark grid_dependency_begin() {
   grid_dependents_launch();
   return mark;
 }
-// The two halves, for a kernel that must hold its dependents back past the wait (a kernel
-// whose tail is serial work, which the next product's early weight loads would slow down).
+// The two halves, for a kernel that lets its dependents in before it waits (the decode merge,
+// attention.cu): each still waits for its own predecessor, so the chain holds.
 __device__ __forceinline__ TimelineMark grid_dependency_wait() {
   const TimelineArrival arrival = timeline_arrive();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

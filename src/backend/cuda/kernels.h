@@ -88,17 +88,14 @@ void rope(void* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim, c
 // visible key count and the keys — never on T or kv_len beyond that — so a row verified in a
 // block equals the same row decoded alone, bit for bit. That path needs `scratch` of
 // attention_scratch_bytes() (f32 partial results; 0 means none, and null is then fine), which a
-// second launch merges, or for decode the split kernel itself, counting finished blocks in
-// `merge_counters` (kAttentionMergeCounters zeroed words the caller keeps for its stream; null:
-// always the second launch). Larger T (prefill, attention_prefill.cu) takes a flash-attention kernel
+// second launch merges. Larger T (prefill, attention_prefill.cu) takes a flash-attention kernel
 // on the tensor cores (head sizes 16, 32, 64, 96, 128, 256), else a one-block-per-(row, head)
 // kernel.
 constexpr int64_t kAttentionSplitMaxRows = 32;
-constexpr int64_t kAttentionMergeCounters = 1024;
 size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len);
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, unsigned* merge_counters, cudaStream_t s);
+               bool causal, void* scratch, cudaStream_t s);
 
 void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64_t ldo, Elem out_elem, int64_t rows,
               int64_t inter, cudaStream_t s);

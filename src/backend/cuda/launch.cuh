@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -51,8 +52,9 @@ inline bool op_listed(OpList which, const char* op) {
 
 // Measuring only, read once: DFLASH_CUDA_CARVEOUT="op=N;op=N" asks, for those ops' kernels, for N
 // percent of the SM's unified L1 / shared memory as shared memory
-// (cudaFuncAttributePreferredSharedMemoryCarveout, a hint), instead of the driver's choice.
-inline int carveout_for(const char* op) {
+// (cudaFuncAttributePreferredSharedMemoryCarveout, a hint; −1 the driver's choice), instead of
+// the backend's own choice (none for most kernels). Empty where the op is not listed.
+inline std::optional<int> carveout_for(const char* op) {
   static const std::map<std::string, int> table = [] {
     std::map<std::string, int> t;
     const char* e = std::getenv("DFLASH_CUDA_CARVEOUT");
@@ -67,7 +69,7 @@ inline int carveout_for(const char* op) {
     return t;
   }();
   const auto it = table.find(op);
-  return it == table.end() ? -1 : it->second;
+  return it == table.end() ? std::nullopt : std::optional<int>(it->second);
 }
 inline void apply_carveout(const void* kernel, int percent, const char* op) {
   static std::mutex mutex;
@@ -82,7 +84,7 @@ template <typename... Params, typename... Args>
 void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    Args&&... args) {
   if (op_listed(OpList::NoOp, op)) return;
-  if (const int c = carveout_for(op); c >= 0) apply_carveout(reinterpret_cast<const void*>(kernel), c, op);
+  if (const std::optional<int> c = carveout_for(op)) apply_carveout(reinterpret_cast<const void*>(kernel), *c, op);
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;

@@ -118,10 +118,7 @@ __device__ __forceinline__ void point_weight_rows(const uint4* (&wrow)[NT], cons
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-// PRE2 (measuring only, DFLASH_SKINNY_PREWAIT2=1): two weight batches in flight before the
-// wait instead of one, for a product whose blocks become resident long before its input is
-// ready (o_proj behind a merge that lets it in early).
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, bool PRE2 = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
@@ -168,17 +165,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // An uploaded weight is never written by a kernel, so its first batch may be in flight
   // while the kernel before this one finishes (launch.cuh); anything else waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
-  const bool pre2 = PRE2 && c_begin + U < c_end;
-  if (w_uploaded && active) {
-    load(cur, c_begin);
-    if (pre2) load(next, c_begin + U);
-  }
+  if (w_uploaded && active) load(cur, c_begin);
   const TimelineMark mark = grid_dependency_begin();
   mark.shape(N, K, M);
-  if (!w_uploaded && active) {
-    load(cur, c_begin);
-    if (pre2) load(next, c_begin + U);
-  }
+  if (!w_uploaded && active) load(cur, c_begin);
 
   // The residual products (o_proj, down: emitting the next norm): the residual this thread's
   // first output adds to and the norm weight it emits with are loaded now, so that their trip
@@ -213,7 +203,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       }
 
     for (int c = c_begin; c < c_end; c += U) {
-      if (c + U < c_end && !(pre2 && c == c_begin)) load(next, c + U);
+      if (c + U < c_end) load(next, c + U);
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
       constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -545,7 +535,7 @@ struct MmaSettings {
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
   int sms = 0;
-  bool prewait = true, early_y = true, prewait2 = false;
+  bool prewait = true, early_y = true;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
 };
@@ -571,7 +561,6 @@ const MmaSettings& mma_settings() {
     }
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
-    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT2"); e && std::string(e) == "1") m.prewait2 = true;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
     // "N:K=S,…": the K slices of the weight of that shape (a power of two up to 8), instead of
     // the wave rule's; a malformed item is ignored.
@@ -649,13 +638,6 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
                   s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y,
                   static_cast<int>(tiles), sched);
     return;
-  }
-  if constexpr (EPI == kEpiEmitNorm && !PAIR && !TILED) {
-    if (ms.prewait2) {
-      launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, true>, unsigned(tiles), kWarps * 32, 0,
-                    s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y);
-      return;
-    }
   }
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
                 wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y);
