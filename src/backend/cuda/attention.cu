@@ -555,12 +555,13 @@ constexpr int64_t kSplitManyBlocks = 2048;
 //   split blocks and start streaming their first weights while attention still runs. Letting
 //   them in early with the driver's carveout cost 4 % (218-220 against 228 tokens/s);
 // - a verification or drafting block asks for 44 % (100 KB: two blocks an SM).
-// Measured in one run each (H200, 2026-12-02, docs/benchmarks.md twenty-seventh pass): plain
-// decode 227.8-228.3 against 226.7-227.4 tokens/s, and with the block carveout a DFlash step
-// 6.001-6.009 against 6.074-6.134 ms; 64 % for blocks, or 44 % for decode, was slower. Only
-// where the blocks fit in two waves at those carveouts (up to about 1000 cached rows at
-// Qwen3-8B shapes; longer contexts were not measured) does a launch ask: past that it would
-// cost the split kernel waves. The chunks, sums and bits are the same either way.
+// Against the driver's carveout with the merge waiting first, alternating in one run (H200,
+// 2026-12-02, docs/benchmarks.md twenty-seventh pass, call 4): plain decode 228.5-228.8 against
+// 226.9-227.9 tokens/s, a DFlash step 5.973-6.001 against 6.062-6.125 ms. 64 % for blocks, or
+// 44 % for decode, was slower (call 3). A launch asks only where its blocks fit in two waves at
+// those carveouts (up to about 1000 cached rows at Qwen3-8B shapes; longer contexts were not
+// measured): past that it would cost the split kernel waves. The chunks, sums and bits are the
+// same either way.
 constexpr int kDecodeSplitCarveout = 25;  // percent of the largest shared memory, a hint
 constexpr int kBlockSplitCarveout = 44;
 
