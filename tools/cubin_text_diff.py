@@ -10,12 +10,20 @@ cubins (ELF files, read with readelf) and names the kernels that differ.
     (change the source, build again to /tmp/after.cubin)
     python3 tools/cubin_text_diff.py /tmp/before.cubin /tmp/after.cubin
 
+The "before" source may be a copy elsewhere (`git show REV:src/backend/cuda/x.cu > /tmp/old/x.cu`):
+kernels in an anonymous namespace carry a hash of the file's path in their names, which is left
+out of the comparison.
+
 Exits 0 when every kernel in both is byte-identical, 1 otherwise.
 """
 import hashlib
 import re
 import subprocess
 import sys
+
+
+# Itanium mangling of an anonymous namespace in nvcc's output: "<len>_GLOBAL__N__<hash>_<len>_<file>_cu_<hash>".
+ANONYMOUS_NAMESPACE = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+")
 
 
 def kernel_sections(path: str) -> dict:
@@ -26,7 +34,8 @@ def kernel_sections(path: str) -> dict:
         m = re.match(r"\s*\[\s*\d+\]\s+(\S+)\s+\S+\s+[0-9a-f]+\s+([0-9a-f]+)\s+([0-9a-f]+)", line)
         if m and m.group(1).startswith(".text."):
             off, size = int(m.group(2), 16), int(m.group(3), 16)
-            out[m.group(1)[len(".text."):]] = hashlib.sha1(data[off:off + size]).hexdigest()
+            name = ANONYMOUS_NAMESPACE.sub("(anonymous)", m.group(1)[len(".text."):])
+            out[name] = hashlib.sha1(data[off:off + size]).hexdigest()
     return out
 
 
