@@ -15,7 +15,7 @@
 #   STEPS="build ncu" NCU_SOURCE="split_kernel:5" scripts/gpu_run.sh   # Nsight Compute (step "ncu")
 #   STEPS="timeline" scripts/gpu_run.sh      # device-side timeline of every kernel (a second build)
 #   STEPS="timeline" AB_TREE=ab_prev TL_AB="DFLASH_SKINNY_PERSIST=0" scripts/gpu_run.sh   # of both trees
-#   BUILD_TESTS= STEPS="build bench" scripts/gpu_run.sh   # build dflash alone, not dflash_tests
+#   BUILD_TESTS= STEPS="build bench" scripts/gpu_run.sh   # build dflash alone, not dflash_tests (or BUILD_TESTS=0)
 #
 # The device image is Ubuntu with CUDA, CMake 4 and g++ 13 but may lack the engine's system
 # libraries (nlohmann-json, CLI11, PCRE2, utf8proc, OpenMP OpenBLAS, GoogleTest). Those come
@@ -113,9 +113,13 @@ if has build; then
     || { tail -40 "$OUT/configure.txt"; echo "configure FAILED"; exit 1; }
   t0=$(date +%s)
   # The whole log to a file (a `| head` here would kill the build with SIGPIPE), then its errors.
-  cmake --build "$BUILD" -j"$JOBS" --target dflash ${BUILD_TESTS-dflash_tests} >/tmp/dflash-build.log 2>&1
+  # BUILD_TESTS empty or 0: dflash alone; unset or anything else: the tests too (BUILD_TESTS=1
+  # once named a make target "1" and failed the call's build).
+  tests_target=dflash_tests
+  [[ ${BUILD_TESTS-1} == "" || ${BUILD_TESTS-1} == 0 ]] && tests_target=
+  cmake --build "$BUILD" -j"$JOBS" --target dflash $tests_target >/tmp/dflash-build.log 2>&1
   grep -E "error|Error" /tmp/dflash-build.log | grep -v avx512fintrin | head -60
-  [[ -x "$BUILD/dflash" && ( -z ${BUILD_TESTS-x} || -x "$BUILD/tests/dflash_tests" ) ]] || { echo "build FAILED"; exit 1; }
+  [[ -x "$BUILD/dflash" && ( -z $tests_target || -x "$BUILD/tests/dflash_tests" ) ]] || { echo "build FAILED"; exit 1; }
   echo "built in $(( $(date +%s) - t0 )) s"
   rm -f "$OUT/configure.txt"
   if [[ -n ${AB_TREE:-} ]]; then
