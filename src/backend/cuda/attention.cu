@@ -463,12 +463,7 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
 constexpr int kMergeEarlyChunks = 16;
 template <int V>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  if (a.dependents_first) {  // see kDecodeSplitCarveout
-    grid_dependents_launch();
-    grid_dependency_wait();
-  } else {
-    grid_dependency_begin();
-  }
+  grid_dependency_begin(a.dependents_first);  // see kDecodeSplitCarveout
   const int lane = threadIdx.x % 32;
   const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
   if (pair >= a.T * a.hq) return;  // whole warps
@@ -665,12 +660,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         const int w = e ? std::atoi(e) : 0;
         return w == 4 ? w : kSplitWarps;
       }();
-      static const int64_t sms = [] {
-        int device = 0, n = 0;
-        check(cudaGetDevice(&device), "attention", "cudaGetDevice");
-        check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "attention", "SM count");
-        return int64_t(n);
-      }();
+      static const int64_t sms = sm_count("attention");
       const int64_t blocks = nc * hkv * row_tiles * a.head_tiles;
       const SplitCarveout carveout = warps != 8 ? kCarveoutDriver
                                      : T == 1   ? (blocks <= sms ? kCarveoutDecode : kCarveoutDriver)

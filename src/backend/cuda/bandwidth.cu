@@ -202,6 +202,21 @@ __device__ __forceinline__ void ring_wait(uint64_t* landed, uint32_t parity) {
                  : "r"(smem_addr(landed)), "r"(parity)
                  : "memory");
 }
+// Copy j of a ring of STAGES stages of TILE bytes, read by the block once it has landed (its
+// words XORed into acc, so that the loads cannot be left out); the stage is free again after
+// the barrier at the end.
+template <int TILE, int STAGES>
+__device__ __forceinline__ void ring_take(const unsigned char* ring, uint64_t* landed, int64_t j, uint32_t& acc) {
+  const int s = int(j % STAGES);
+  ring_wait(&landed[s], uint32_t(j / STAGES) & 1u);
+  const uint4* t = reinterpret_cast<const uint4*>(ring + s * TILE);
+#pragma unroll 4
+  for (int i = threadIdx.x; i < TILE / 16; i += 256) {
+    const uint4 v = t[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  __syncthreads();
+}
 
 template <int TILE, int STAGES>
 __global__ void __launch_bounds__(256) bulk_read_kernel(const char* __restrict__ p, int64_t tiles, unsigned* sink) {
@@ -217,15 +232,7 @@ __global__ void __launch_bounds__(256) bulk_read_kernel(const char* __restrict__
     for (int64_t j = 0; j < STAGES && j < mine; ++j) issue(j);
   uint32_t acc = 0;
   for (int64_t j = 0; j < mine; ++j) {
-    const int s = int(j % STAGES);
-    ring_wait(&landed[s], uint32_t(j / STAGES) & 1u);
-    const uint4* t = reinterpret_cast<const uint4*>(ring + s * TILE);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < TILE / 16; i += 256) {
-      const uint4 v = t[i];
-      acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    __syncthreads();
+    ring_take<TILE, STAGES>(ring, landed, j, acc);
     if (threadIdx.x == 0 && j + STAGES < mine) issue(j + STAGES);
   }
   if (acc == 0x9e3779b9u) *sink = acc;
@@ -313,15 +320,7 @@ __global__ void __launch_bounds__(256) tiled_bulk_kernel(const char* __restrict_
     for (int64_t j = 0; j < STAGES && j < pieces; ++j) issue(j);
   uint32_t acc = 0;
   for (int64_t j = 0; j < pieces; ++j) {
-    const int s = int(j % STAGES);
-    ring_wait(&landed[s], uint32_t(j / STAGES) & 1u);
-    const uint4* t = reinterpret_cast<const uint4*>(ring + s * TILE);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < TILE / 16; i += 256) {
-      const uint4 v = t[i];
-      acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    __syncthreads();
+    ring_take<TILE, STAGES>(ring, landed, j, acc);
     if (threadIdx.x == 0) {
       if (j + STAGES < pieces) issue(j + STAGES);
       if ((j + 1) % kPerRelease == 0) raise_counter(counter, RELEASE);
@@ -372,9 +371,7 @@ __global__ void spin_kernel(long long cycles) {
 double l2_stage_probe(size_t bytes, int mode) {
   bytes = std::max<size_t>(bytes / 16 * 16, 16);
   constexpr size_t kFlush = size_t(256) << 20;
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device), "bandwidth", "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "bandwidth", "SM count");
+  const int sms = sm_count("bandwidth");
   const DeviceBuffer buf(bytes, "bandwidth"), flush_buf(kFlush, "bandwidth"), sink_buf(sizeof(unsigned), "bandwidth");
   check(cudaMemset(buf.as(), 0x5a, bytes), "bandwidth", "cudaMemset");
   check(cudaMemset(flush_buf.as(), 0x3c, kFlush), "bandwidth", "cudaMemset");
@@ -451,9 +448,7 @@ double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
 double read_bandwidth(size_t window, size_t total, int flavour, int unroll, int blocks_per_sm) {
   window = std::max<size_t>(window / 16 * 16, 16);
   total = std::max(total / window, size_t(1)) * window;
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device), "bandwidth", "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "bandwidth", "SM count");
+  const int sms = sm_count("bandwidth");
   const unsigned blocks = unsigned(sms * blocks_per_sm);
   const int64_t n = int64_t(window / 16);
   if (flavour >= 4) {  // bulk copies: (tile, stages) = (16 KiB, 4), (32 KiB, 3), (8 KiB, 8)
@@ -491,9 +486,7 @@ double read_bandwidth(size_t window, size_t total, int flavour, int unroll, int 
 }
 
 ReleaseCosts release_probe(size_t bytes) {
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device), "bandwidth", "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "bandwidth", "SM count");
+  const int sms = sm_count("bandwidth");
   ReleaseCosts r;
   r.blocks = sms * 2;
   r.tile_bytes = kReleaseTile;

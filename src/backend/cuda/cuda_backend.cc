@@ -139,6 +139,15 @@ class CudaBackend final : public Backend {
     return t;
   }
 
+  // Device memory that lives as long as the model (weights): straight from the driver, not
+  // through the pool.
+  static std::shared_ptr<void> weight_memory(size_t bytes, const std::string& what) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "upload_weight",
+          ("allocating " + std::to_string(bytes) + " bytes for " + what).c_str());
+    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  }
+
   // 2-D weights (projections, embeddings) become bf16 whatever the checkpoint stores; 1-D
   // ones (norm scales) become f32: they are tiny, and f32 keeps them exact for every source
   // dtype.
@@ -152,11 +161,8 @@ class CudaBackend final : public Backend {
     const DType dt = matrix ? DType::BF16 : DType::F32;
     Tensor t;
     const size_t bytes = size_t(rows * cols) * dtype_size(dt);
-    void* p = nullptr;
-    // Weights live as long as the model: straight from the driver, not through the pool.
-    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "upload_weight",
-          ("allocating " + std::to_string(bytes) + " bytes for '" + parts.front()->name + "'").c_str());
-    t.storage = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    t.storage = weight_memory(bytes, "'" + parts.front()->name + "'");
+    void* p = t.storage.get();
     t.data = p;
     t.dtype = dt;
     t.device = DeviceKind::CUDA;
@@ -188,14 +194,11 @@ class CudaBackend final : public Backend {
     }
     t.weight = true;
     if (tile_weights_ && matrix && skinny_tiles(rows, cols, cols)) {
-      void* q = nullptr;
-      const size_t tb = skinny_tiled_bytes(rows, cols);
-      check(cudaMalloc(&q, tb), "upload_weight",
-            ("allocating " + std::to_string(tb) + " bytes for the tiled copy of '" + parts.front()->name + "'").c_str());
-      std::shared_ptr<void> copy(q, [](void* r) { cudaFree(r); });
+      std::shared_ptr<void> copy =
+          weight_memory(skinny_tiled_bytes(rows, cols), "the tiled copy of '" + parts.front()->name + "'");
       // A copy from pageable memory may still be in flight when cudaMemcpy returns.
       check(cudaDeviceSynchronize(), "upload_weight", "waiting for the weight's copy");
-      skinny_tile_weight(p, rows, cols, cols, q, upload_stream_);
+      skinny_tile_weight(p, rows, cols, cols, copy.get(), upload_stream_);
       check(cudaStreamSynchronize(upload_stream_), "upload_weight", "tiling a weight");
       tiled_[p] = TiledCopy{std::move(copy), rows, cols};
     }

@@ -33,6 +33,14 @@ inline bool rows_aligned16(const void* p, int64_t ld, int elem_bytes) {
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
+// The current device's SM count; a failure names `op`.
+inline int sm_count(const char* op) {
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), op, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
+  return sms;
+}
+
 // Owners of the buffers, events and streams the measuring code (doctor's probes, the copy
 // bandwidth) makes for itself, released however it returns: its checks throw part-way.
 class DeviceBuffer {

@@ -157,6 +157,12 @@ __device__ __forceinline__ void grid_dependents_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// grid_dependency_begin, or with `dependents_first` the two halves the other way round.
+__device__ __forceinline__ TimelineMark grid_dependency_begin(bool dependents_first) {
+  if (!dependents_first) return grid_dependency_begin();
+  grid_dependents_launch();
+  return grid_dependency_wait();
+}
 
 // Dispatches a functor templated on the element type named by `e`.
 template <typename F>

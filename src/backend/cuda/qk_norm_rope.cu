@@ -24,12 +24,7 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
                                           const int32_t* positions, int64_t pos0, const float* cos,
                                           const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
                                           __nv_bfloat16* v_dst, int64_t ldvd) {
-  if constexpr (DEPENDENTS_FIRST) {
-    grid_dependents_launch();
-    grid_dependency_wait();
-  } else {
-    grid_dependency_begin();
-  }
+  grid_dependency_begin(DEPENDENTS_FIRST);
   const int heads = hq + 2 * hkv;
   const int64_t r = blockIdx.x / heads;
   const int h = blockIdx.x % heads;
