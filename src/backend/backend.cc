@@ -120,7 +120,11 @@ std::unique_ptr<PendingIds> Backend::read_ids(const Tensor& ids) {
   return std::make_unique<ReadyIds>(host_ids(*this, ids, "read_ids"));
 }
 
-void Backend::queue_recorded(const std::string&, const std::function<void()>& step) { step(); }
+void Backend::queue_recorded(const std::string&, const std::function<void()>& step,
+                             std::unique_ptr<QueueMark>* started) {
+  if (started) *started = mark();
+  step();
+}
 
 void Backend::write_ids(const std::vector<int32_t>& v, Tensor& ids) { set_host_ids(*this, v, ids, "write_ids"); }
 

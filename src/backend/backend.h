@@ -233,8 +233,12 @@ class Backend {
   // unit (CUDA: a graph, kept per key and updated from each new recording, so a key should
   // name steps of one shape). step() must not read results back. The default runs it. A
   // recording starts to run only once it is complete, so it pays where the device is busy with
-  // earlier work while the host records (the caller knows whether it is).
-  virtual void queue_recorded(const std::string& key, const std::function<void()>& step);
+  // earlier work while the host records. `started` (may be null) receives a mark placed right
+  // before the recording on the queue: the device reaches it once the earlier work is done and
+  // the recording is queued, so from a mark before it to `started` is what the device waited
+  // for the host (engine/recording_rule.h).
+  virtual void queue_recorded(const std::string& key, const std::function<void()>& step,
+                              std::unique_ptr<QueueMark>* started);
   // Whether queue_recorded records (false: it just runs the step, as the default does).
   virtual bool records_steps() const { return false; }
 

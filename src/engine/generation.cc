@@ -109,7 +109,8 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
   st.prefill_seconds = total.seconds();
   out.commit(token);
   auto queue_step = [&] {
-    b.queue_recorded("decode", [&] { b.argmax_rows_into(target_.forward(state, next, false).logits, next); });
+    b.queue_recorded("decode", [&] { b.argmax_rows_into(target_.forward(state, next, false).logits, next); },
+                     nullptr);
     return b.read_ids(next);
   };
   std::unique_ptr<PendingIds> current, ahead;

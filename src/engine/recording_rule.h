@@ -4,19 +4,18 @@
 // an H200, `dflash bench --graph-probe`), but it starts only once the host has recorded it:
 // when the device finishes the draft before that, it waits. The wait is what the rule judges.
 //
-// A recording launched while the device was still on the draft waited for nothing; its span on
-// the device (draft end to verification end) is the reference for its row count. A recording
-// launched after the draft had ended waited for span − reference. Recording stops after two
-// launches in a row that waited longer than kWaitShare of the reference (about what recording
-// saves); when not recording, every 32nd step tries again. The first two recordings of a shape
-// instantiate executables (slow on the host) and are not judged.
+// The wait is measured directly: from the draft's end to a mark queued right before the
+// recording (Backend::queue_recorded's `started`), which the device reaches at the later of
+// the two. A recording whose wait exceeds kWaitShare of its own run (about what recording
+// saves) is late. Recording stops after two late ones in a row; when not recording, every 32nd
+// step tries again. The first two recordings of each row count instantiate executables (slow
+// on the host) and are not judged.
 //
-// (Before: stopping after two launches in a row that merely found the draft done. That judged a
-// wait of microseconds like one of a whole recording, and on some hosts it recorded 5 of 63
-// verifications where recording all gave a 2 % shorter step; H200, Qwen3-8B shapes,
-// docs/benchmarks.md, twenty-third pass. A rule before that one, the draft's device time
-// against the fastest recording's, misjudged both ends: the draft's time includes waiting for
-// its own launches. The span here starts where the draft ends.)
+// (Before: a recording was judged by its span from the draft's end against a reference span of
+// one that found the device still on the draft. Where the host was a little behind every draft
+// there was never a reference, every launch counted as late, and on some hosts 5 of 63
+// verifications were recorded where recording all gave a 1-2 % shorter step; H200, Qwen3-8B
+// shapes, docs/benchmarks.md, twenty-third and twenty-eighth passes.)
 #include <cstdint>
 #include <map>
 
@@ -29,10 +28,11 @@ class RecordingRule {
 
   // Whether step `step` (0, 1, …) should record its verification.
   bool record(int64_t step) const;
-  // A recording of `rows` rows was launched; draft_running: the device was still on the draft.
-  void launched(int rows, bool draft_running);
-  // The device seconds from the draft's end to the end of the recording just launched.
-  void measured(double span_seconds);
+  // A recording of `rows` rows was launched.
+  void launched(int rows);
+  // The recording just launched: the device seconds it waited for the host after the draft,
+  // and the device seconds it ran.
+  void measured(double waited_seconds, double run_seconds);
 
   int64_t recorded() const { return recorded_; }
 
@@ -40,8 +40,7 @@ class RecordingRule {
   int64_t recorded_ = 0;
   int late_in_a_row_ = 0;
   int rows_ = 0;
-  bool draft_running_ = false;
-  std::map<int, double> reference_;  // by row count: the span of the last recording that waited for nothing
+  std::map<int, int64_t> launches_;  // by row count
 };
 
 }  // namespace dflash

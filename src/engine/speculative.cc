@@ -103,10 +103,10 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
         b.argmax_rows_into(v.logits, choice_ids);
       };
       // A recording runs faster but starts only once recorded (engine/recording_rule.h).
-      std::unique_ptr<QueueMark> verified;
+      std::unique_ptr<QueueMark> started, verified;
       if (b.records_steps() && recording.record(st.steps)) {
-        b.queue_recorded("verify " + std::to_string(B), verify);
-        recording.launched(B, !b.passed(*drafted));
+        b.queue_recorded("verify " + std::to_string(B), verify, &started);
+        recording.launched(B);
         verified = b.mark();
         ++st.recorded_verifications;
       } else {
@@ -116,7 +116,12 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       std::copy(read.begin(), read.begin() + B, block.begin());
       choices.assign(read.begin() + B, read.end());
       draft_seconds = b.seconds_between(*draft_start, *drafted);
-      if (verified) recording.measured(b.seconds_between(*drafted, *verified));
+      if (verified) {
+        const double waited = b.seconds_between(*drafted, *started);
+        recording.measured(waited, b.seconds_between(*started, *verified));
+        st.recording_wait_seconds += waited;
+        st.recording_wait_max_seconds = std::max(st.recording_wait_max_seconds, waited);
+      }
     } else {
       // Section 4: draft d1 … d(B−1) from the block [anchor, MASK, …] in one drafter pass.
       Tensor dl = drafter_->draft(drafter_state, anchor, draft_block_, B);

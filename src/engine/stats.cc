@@ -57,6 +57,8 @@ void GenerationStats::merge(const GenerationStats& o) {
   steps += o.steps;
   plain_steps += o.plain_steps;
   recorded_verifications += o.recorded_verifications;
+  recording_wait_seconds += o.recording_wait_seconds;
+  recording_wait_max_seconds = std::max(recording_wait_max_seconds, o.recording_wait_max_seconds);
   auto add = [](std::vector<int64_t>& a, const std::vector<int64_t>& b) {
     grow(a, b.size());
     for (size_t i = 0; i < b.size(); ++i) a[i] += b[i];
@@ -79,6 +81,8 @@ nlohmann::json GenerationStats::to_json() const {
       {"steps", steps},
       {"plain_steps", plain_steps},
       {"recorded_verifications", recorded_verifications},
+      {"recording_wait_seconds", recording_wait_seconds},
+      {"recording_wait_max_seconds", recording_wait_max_seconds},
       {"max_block_size", max_block_size},
       {"draft_block_size", draft_block_size},
       {"final_block_size", final_block_size},
@@ -114,8 +118,11 @@ std::string GenerationStats::to_text() const {
                   (long long)steps, (long long)plain_steps, mean_acceptance_length(), max_block_size, draft_block_size);
     s += buf;
     if (recorded_verifications) {
-      std::snprintf(buf, sizeof buf, "verifications queued as one recording (a CUDA graph): %lld of %lld\n",
-                    (long long)recorded_verifications, (long long)steps);
+      std::snprintf(buf, sizeof buf,
+                    "verifications queued as one recording (a CUDA graph): %lld of %lld; the device waited for the "
+                    "host %.1f us a recording (longest %.1f)\n",
+                    (long long)recorded_verifications, (long long)steps,
+                    1e6 * recording_wait_seconds / double(recorded_verifications), 1e6 * recording_wait_max_seconds);
       s += buf;
     }
     s += "acceptance histogram (length: steps):";

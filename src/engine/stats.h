@@ -16,6 +16,8 @@ struct GenerationStats {
   int64_t steps = 0;        // speculative steps (draft + verify)
   int64_t plain_steps = 0;  // one-token steps (plain decoding, or speculation switched off)
   int64_t recorded_verifications = 0;  // steps whose verification the backend recorded (a CUDA graph)
+  // Device seconds those recordings waited for the host after the draft (engine/recording_rule.h).
+  double recording_wait_seconds = 0, recording_wait_max_seconds = 0;
   std::vector<int64_t> acceptance_histogram;  // [L − 1] counts steps with acceptance length L
   std::vector<int64_t> steps_by_rows;         // [b − 1] counts steps that verified b rows (the controller's choices)
   std::vector<int> step_acceptance;           // acceptance length of each step, in order

@@ -671,9 +671,12 @@ class CudaBackend final : public Backend {
   bool records_steps() const override { return !prof_ && graphs_enabled(); }
 
   // Recorded as a CUDA graph (graph_recorder.h).
-  void queue_recorded(const std::string& key, const std::function<void()>& step) override {
-    if (records_steps()) graphs_->queue(key, step);
-    else step();
+  void queue_recorded(const std::string& key, const std::function<void()>& step,
+                      std::unique_ptr<QueueMark>* started) override {
+    if (!records_steps()) return Backend::queue_recorded(key, step, started);
+    graphs_->queue(key, step, [&] {
+      if (started) *started = mark();
+    });
   }
 
  private:

@@ -46,7 +46,8 @@ GraphRecorder::~GraphRecorder() {
       if (e) cudaGraphExecDestroy(e);
 }
 
-void GraphRecorder::queue(const std::string& key, const std::function<void()>& step) {
+void GraphRecorder::queue(const std::string& key, const std::function<void()>& step,
+                          const std::function<void()>& before_launch) {
   const size_t first_slot = staging_.taken();
   const std::string op = "queue_recorded '" + key + "'";
   std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> graph(capture(step, op.c_str()), cudaGraphDestroy);
@@ -71,6 +72,7 @@ void GraphRecorder::queue(const std::string& key, const std::function<void()>& s
       check(cudaGraphInstantiate(&exec, graph.get(), 0), op.c_str(), "cudaGraphInstantiate");
       ++counts_.instantiated;
     }
+    before_launch();
     check(cudaGraphLaunch(exec, stream_), op.c_str(), "cudaGraphLaunch");
   } catch (...) {
     staging_.restart_events(first_slot);

@@ -24,8 +24,9 @@ class GraphRecorder {
   GraphRecorder(const GraphRecorder&) = delete;
   GraphRecorder& operator=(const GraphRecorder&) = delete;
 
-  // Records what step() queues under `key` and launches it.
-  void queue(const std::string& key, const std::function<void()>& step);
+  // Records what step() queues under `key` and launches it; before_launch() runs between the
+  // recording's update (or instantiation) and its launch.
+  void queue(const std::string& key, const std::function<void()>& step, const std::function<void()>& before_launch);
   // cuda::graph_probe (cuda_backend.h).
   GraphProbe probe(const std::function<void()>& step, int reps);
   GraphCounts counts() const { return counts_; }
