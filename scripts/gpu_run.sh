@@ -258,7 +258,9 @@ fi
 if has ab; then
   # The same Qwen3-8B-shaped bench under each setting of AB ("|"-separated; each a list of
   # environment assignments, an empty one the default build): the A/B of a change in one run.
-  step "A/B at Qwen3-8B shapes: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_ATTN_MMA=0|}"
+  # AB_PROMPT_LEN: the prompt's tokens (512, as the bench step's, unless set).
+  step "A/B at Qwen3-8B shapes, ${AB_PROMPT_LEN:=512}-token prompt: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_ATTN_MMA=0|}"
+  ab_prompt=$(random_ids "$AB_PROMPT_LEN" 7)
   IFS='|' read -ra settings <<<"$AB|"
   binaries=("$BUILD/dflash")
   [[ -n ${AB_TREE:-} ]] && binaries+=(/tmp/ab-tree/build/dflash)
@@ -267,7 +269,7 @@ if has ab; then
       echo "--- ${setting:-default}${AB_TREE:+ ($bin)}"
       setting_words "$setting"
       env "${words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
-        --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
+        --prompt-ids "$ab_prompt" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
         | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs|^prefill"
     done
   done

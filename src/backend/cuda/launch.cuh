@@ -80,6 +80,17 @@ inline void apply_carveout(const void* kernel, int percent, const char* op) {
           "cudaFuncSetAttribute (carveout)");
 }
 
+// Kernel's own carveout (percent), set on its first launch, unless DFLASH_CUDA_CARVEOUT names
+// `op` (launch_kernel then sets that one). Once per kernel without a lock on later launches.
+template <auto Kernel>
+void default_carveout(int percent, const char* op) {
+  static const bool set = [&] {
+    if (!carveout_for(op)) apply_carveout(reinterpret_cast<const void*>(Kernel), percent, op);
+    return true;
+  }();
+  (void)set;
+}
+
 template <typename... Params, typename... Args>
 void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    Args&&... args) {

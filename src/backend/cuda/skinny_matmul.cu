@@ -624,6 +624,15 @@ int64_t persistent_slots() {
   return slots;
 }
 
+// The tensor-core products' shared-memory carveout up to 16 rows (one m16 tile): a quarter (64 KB
+// of the unified 256; their two blocks an SM use 18-34 KB with the 1 KB each block reserves, and
+// the decode split attention asks for the same, see kDecodeSplitCarveout in attention.cu). Two
+// m16 tiles' blocks (up to 33 KB each) would not fit two an SM in it: the driver's choice there. Against the driver's choice, alternating in one run, on
+// three machines (H200, 2026-12-02, docs/benchmarks.md twenty-eighth pass): a DFlash step 1.2 %
+// shorter (5.893-5.896 against 5.961-5.976 ms in call 3), plain decode level (229.5 against
+// 229.2-229.4 tokens/s). 44 % was slower (6.16-6.18 ms a step). The same bits either way.
+constexpr int kSkinnyCarveout = 25;
+
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
@@ -634,11 +643,14 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   const bool prewait = w_uploaded && ms.prewait;
   if (const int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0; slots > 0 && tiles > slots) {
     unsigned* sched = ms.persist == 2 ? sched_counter(s) : nullptr;
+    if constexpr (MT == 1)
+      default_carveout<skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>>(kSkinnyCarveout, "matmul (skinny)");
     launch_kernel("matmul (skinny)", skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(slots), kWarps * 32, 0,
                   s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y,
                   static_cast<int>(tiles), sched);
     return;
   }
+  if constexpr (MT == 1) default_carveout<skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>>(kSkinnyCarveout, "matmul (skinny)");
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
                 wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y);
 }
