@@ -205,9 +205,10 @@ if has bench; then
   # with PROFILE=0.
   profile=${PROFILE:-1}
   probe=(); [[ $profile == 0 ]] && probe=(--graph-probe)
-  step "bench Qwen3-8B shapes: 512-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation)${probe:+, graph probe}"
+  # BENCH_PROMPT_LEN: the prompt's tokens (512 unless set).
+  step "bench Qwen3-8B shapes: ${BENCH_PROMPT_LEN:=512}-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation)${probe:+, graph probe}"
   DFLASH_CUDA_PROFILE=$profile timeout 150 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
-    --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive --bandwidth "${probe[@]}" --json "$OUT/bench_q8b.json" 2>&1 \
+    --prompt-ids "$(random_ids "$BENCH_PROMPT_LEN" 7)" -n 64 --ignore-eos --no-adaptive --bandwidth "${probe[@]}" --json "$OUT/bench_q8b.json" 2>&1 \
     | tee "$OUT/bench_q8b.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 
