@@ -460,8 +460,14 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
 // for decode rows alone, each KV head's last chunk block merging its four heads with this
 // function and releasing its dependents only after its partials: plain decode 221.7-223.1
 // against 226.2-227.6 tokens/s, 2026-12-02.)
+//
+// BATCHED (DFLASH_ATTN_MERGE_BATCHED=1, not yet measured on a GPU): the chunks past the first
+// kMergeEarlyChunks are loaded kMergeEarlyChunks at a time too, before they are summed, instead
+// of one load per chunk in the sum's loop: one trip to L2 per batch where long contexts (65
+// chunks at 4096 cached rows) made the loop a chain of trips. The same fmaf's in the same chunk
+// order, so the same bits; the same work up to kMergeEarlyChunks chunks (1024 cached rows).
 constexpr int kMergeEarlyChunks = 16;
-template <int V>
+template <int V, bool BATCHED = false>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   grid_dependency_begin(a.dependents_first);  // see kDecodeSplitCarveout
   const int lane = threadIdx.x % 32;
@@ -508,7 +514,43 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
       }
       den = fmaf(l, w, den);
     }
-    for (int c = kMergeEarlyChunks; c < n; ++c) {
+    if constexpr (BATCHED) {
+      // Batches of kMergeEarlyChunks from chunk kMergeEarlyChunks on: each lies inside one
+      // window of 32 chunks, whose (max, sum) pairs the lanes hold.
+      static_assert(32 % kMergeEarlyChunks == 0, "a batch must not straddle two windows");
+      for (int cb = kMergeEarlyChunks; cb < n; cb += kMergeEarlyChunks) {  // warp-uniform
+        if (cb % 32 == 0) {
+          x = cb + lane < n ? __ldcg(&ml[cb + lane]) : make_float2(-INFINITY, 0.f);
+          w_lane = cb + lane < n ? exp2f(x.x - M) : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < kMergeEarlyChunks; ++i)
+          if (cb + i < n && live) {
+            const float* src = po + int64_t(cb + i) * a.D + d0;
+            if constexpr (V == 4) {
+              const float4 o = __ldcg(reinterpret_cast<const float4*>(src));
+              early[i][0] = o.x;
+              early[i][1] = o.y;
+              early[i][2] = o.z;
+              early[i][3] = o.w;
+            } else {
+              early[i][0] = __ldcg(src);
+            }
+          }
+#pragma unroll
+        for (int i = 0; i < kMergeEarlyChunks; ++i) {
+          const int c = cb + i;
+          if (c >= n) break;  // warp-uniform
+          const float w = __shfl_sync(0xffffffffu, w_lane, c % 32), l = __shfl_sync(0xffffffffu, x.y, c % 32);
+          if (live) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) num[e] = fmaf(early[i][e], w, num[e]);
+          }
+          den = fmaf(l, w, den);
+        }
+      }
+    }
+    for (int c = BATCHED ? n : kMergeEarlyChunks; c < n; ++c) {
       if (c % 32 == 0) {
         x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
         w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;
@@ -699,8 +741,13 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       return e ? std::atoll(e) : int64_t(-1);
     }();
     a.dependents_first = dependents_first_rows >= 0 ? T <= dependents_first_rows : decode_split;
-    launch_kernel("attention_merge", D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>, blocks_for(T * hq * 32, 128),
-                  128, 0, s, a);
+    static const bool merge_batched = [] {
+      const char* e = std::getenv("DFLASH_ATTN_MERGE_BATCHED");  // measuring, until measured
+      return e && std::string(e) == "1";
+    }();
+    auto* merge = merge_batched ? (D % 4 == 0 ? split_merge_kernel<4, true> : split_merge_kernel<1, true>)
+                                : (D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>);
+    launch_kernel("attention_merge", merge, blocks_for(T * hq * 32, 128), 128, 0, s, a);
     return;
   }
   prefill_attention(operands, hq, hkv, D, vec, s);
