@@ -625,12 +625,14 @@ int64_t persistent_slots() {
 }
 
 // The tensor-core products' shared-memory carveout up to 16 rows (one m16 tile): a quarter (64 KB
-// of the unified 256; their two blocks an SM use 18-34 KB with the 1 KB each block reserves, and
-// the decode split attention asks for the same, see kDecodeSplitCarveout in attention.cu). Two
-// m16 tiles' blocks (up to 33 KB each) would not fit two an SM in it: the driver's choice there. Against the driver's choice, alternating in one run, on
-// three machines (H200, 2026-12-02, docs/benchmarks.md twenty-eighth pass): a DFlash step 1.2 %
-// shorter (5.893-5.896 against 5.961-5.976 ms in call 3), plain decode level (229.5 against
-// 229.2-229.4 tokens/s). 44 % was slower (6.16-6.18 ms a step). The same bits either way.
+// of the unified 256; their two blocks an SM use 18-34 KB with the 1 KB each block reserves), as
+// the decode split attention asks for (kDecodeSplitCarveout in attention.cu). Two m16 tiles'
+// blocks (up to 33 KB each) would not fit two an SM in it: the driver's choice there. Against the
+// driver's choice, alternating in one run (H200, 2026-12-02, docs/benchmarks.md twenty-eighth
+// pass): a DFlash step 1.2 % shorter at 512 cached rows (5.893-5.896 against 5.961-5.976 ms) and
+// 28 % at 4096 (7.51-7.56 against 10.39-10.45 ms, where the split attention runs at the driver's
+// large carveout), plain decode level at 512 and 2.5 % faster at 4096. 44 % was slower. The same
+// bits either way.
 constexpr int kSkinnyCarveout = 25;
 
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
