@@ -827,6 +827,11 @@ int run_doctor(const DoctorArgs& a) {
   d.attention(1, 32, 8, 128, 1037, 1036, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 611, 595, AttentionMask::Causal);
   d.attention(16, 32, 8, 128, 621, 595, AttentionMask::Causal);  // rows past the block: masked
+  // A long context (4096 cached rows): decode, a verification block and the drafter's
+  // non-causal block, the split path's many-chunk merge (65 chunks) and grown tiles.
+  if (!q) d.attention(1, 32, 8, 128, 4096, 4095, AttentionMask::Causal);
+  if (!q) d.attention(16, 32, 8, 128, 4112, 4096, AttentionMask::Causal);
+  if (!q) d.attention(16, 32, 8, 128, 4112, 4096, AttentionMask::None);
   if (!q) d.attention(512, 32, 8, 128, 512, 0, AttentionMask::Causal);
   if (!q) d.attention(512, 24, 4, 256, 512, 0, AttentionMask::Causal);  // Qwen3.5's full-attention heads
   d.attention(40, 32, 8, 128, 140, 100, AttentionMask::Causal);  // a prompt after cached rows (prefill)
