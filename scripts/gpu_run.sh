@@ -187,7 +187,8 @@ fi
 
 # N random token ids (comma-separated) from seed SEED: random_ids N SEED
 random_ids() { python3 -c "import random; r=random.Random($2); print(','.join(str(r.randrange(151000)) for _ in range($1)))"; }
-q8b_prompt() { random_ids 512 7; }
+# The 8B-shaped runs' prompt: N (512 unless given) random ids, always from seed 7.
+q8b_prompt() { random_ids "${1:-512}" 7; }
 
 # Every step that runs the 8B-shaped pair needs it (an `ab` alone once found none and ran nothing).
 if has bench || has sampled || has prefill || has ab || has forced || has hf; then
@@ -208,7 +209,7 @@ if has bench; then
   # BENCH_PROMPT_LEN: the prompt's tokens (512 unless set).
   step "bench Qwen3-8B shapes: ${BENCH_PROMPT_LEN:=512}-token prompt, 64 new tokens, plain vs speculative (block 16, no adaptation)${probe:+, graph probe}"
   DFLASH_CUDA_PROFILE=$profile timeout 150 "$BUILD/dflash" bench --device cuda --model $Q8B --draft $Q8B-dflash \
-    --prompt-ids "$(random_ids "$BENCH_PROMPT_LEN" 7)" -n 64 --ignore-eos --no-adaptive --bandwidth "${probe[@]}" --json "$OUT/bench_q8b.json" 2>&1 \
+    --prompt-ids "$(q8b_prompt "$BENCH_PROMPT_LEN")" -n 64 --ignore-eos --no-adaptive --bandwidth "${probe[@]}" --json "$OUT/bench_q8b.json" 2>&1 \
     | tee "$OUT/bench_q8b.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 
@@ -261,7 +262,7 @@ if has ab; then
   # environment assignments, an empty one the default build): the A/B of a change in one run.
   # AB_PROMPT_LEN: the prompt's tokens (512, as the bench step's, unless set).
   step "A/B at Qwen3-8B shapes, ${AB_PROMPT_LEN:=512}-token prompt: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_ATTN_MMA=0|}"
-  ab_prompt=$(random_ids "$AB_PROMPT_LEN" 7)
+  ab_prompt=$(q8b_prompt "$AB_PROMPT_LEN")
   IFS='|' read -ra settings <<<"$AB|"
   binaries=("$BUILD/dflash")
   [[ -n ${AB_TREE:-} ]] && binaries+=(/tmp/ab-tree/build/dflash)

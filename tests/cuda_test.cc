@@ -617,22 +617,22 @@ TEST(CudaQueuedSteps, EqualHostDrivenSteps) {
 #endif
 }
 
-// Backend::passed, which the speculative loop asks to decide whether to record a verification:
-// false while the device is still on earlier work (about 20 ms of copies queued a moment
-// before), true once it has run it, and an error for another backend's mark.
-TEST(CudaQueue, PassedTellsWhetherTheDeviceReachedAMark) {
+// Backend::seconds_between, from which the speculative loop's recording rule takes the device's
+// wait for the host: the device time of the work queued between two marks (about 20 ms of
+// copies queued a moment before; it waits for the later mark), and an error for another
+// backend's mark.
+TEST(CudaQueue, MarksTimeTheWorkBetweenThem) {
   REQUIRE_GPU(backend);
   Tensor src = backend->alloc(int64_t(1) << 15, int64_t(1) << 13, DType::F32);  // 1 GiB
   Tensor dst = backend->alloc(int64_t(1) << 15, int64_t(1) << 13, DType::F32);
   const auto start = backend->mark();
   for (int i = 0; i < 20; ++i) backend->copy(src, dst);
   const auto end = backend->mark();
-  EXPECT_FALSE(backend->passed(*end));
-  EXPECT_GT(backend->seconds_between(*start, *end), 0.005);  // waits for `end`
-  EXPECT_TRUE(backend->passed(*end));
-  EXPECT_TRUE(backend->passed(*start));
+  EXPECT_GT(backend->seconds_between(*start, *end), 0.005);
+  const auto after = backend->mark();
+  EXPECT_LT(backend->seconds_between(*end, *after), 0.005);  // nothing queued between them
   auto cpu = make_cpu_backend();
-  EXPECT_THROW(backend->passed(*cpu->mark()), Error);
+  EXPECT_THROW(backend->seconds_between(*cpu->mark(), *end), Error);
 }
 
 // The shipped, trained pair (models/, when present): real acceptance, real rollbacks.

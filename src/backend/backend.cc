@@ -142,11 +142,6 @@ const HostClockMark& host_clock_mark(const Backend& b, const QueueMark& m, const
 
 std::unique_ptr<QueueMark> Backend::mark() { return std::make_unique<HostClockMark>(); }
 
-bool Backend::passed(const QueueMark& m) {
-  host_clock_mark(*this, m, "passed");
-  return true;
-}
-
 double Backend::seconds_between(const QueueMark& from, const QueueMark& to) {
   const auto& a = host_clock_mark(*this, from, "seconds_between");
   const auto& b = host_clock_mark(*this, to, "seconds_between");

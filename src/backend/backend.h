@@ -226,9 +226,6 @@ class Backend {
   // as the device ran it (waits until `to` is reached). The default: the host clock at mark().
   virtual std::unique_ptr<QueueMark> mark();
   virtual double seconds_between(const QueueMark& from, const QueueMark& to);
-  // Whether the device has run everything queued before `m`, without waiting. The default
-  // (synchronous backends): always.
-  virtual bool passed(const QueueMark& m);
   // Queues the ops step() queues. A backend may record them and launch the recording as one
   // unit (CUDA: a graph, kept per key and updated from each new recording, so a key should
   // name steps of one shape). step() must not read results back. The default runs it. A

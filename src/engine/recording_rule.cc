@@ -3,7 +3,7 @@
 namespace dflash {
 
 bool RecordingRule::record(int64_t step) const {
-  return recorded_ < 2 || late_in_a_row_ < 2 || step % kRetryEvery == 0;
+  return late_in_a_row_ < 2 || step % kRetryEvery == 0;
 }
 
 void RecordingRule::launched(int rows) {

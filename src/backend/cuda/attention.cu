@@ -716,9 +716,8 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       const char* op = carveout == kCarveoutDecode ? "attention_decode"
                        : carveout == kCarveoutBlock ? "attention_block"
                                                     : "attention";
-      if (carveout != kCarveoutDriver && !carveout_for(op))
-        apply_carveout(reinterpret_cast<const void*>(kernel),
-                       carveout == kCarveoutDecode ? kDecodeSplitCarveout : kBlockSplitCarveout, op);
+      if (carveout == kCarveoutDecode) default_carveout<split_kernel<8, kCarveoutDecode>>(kDecodeSplitCarveout, op);
+      if (carveout == kCarveoutBlock) default_carveout<split_kernel<8, kCarveoutBlock>>(kBlockSplitCarveout, op);
       static const cudaError_t opt_in = [] {
         const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                                         split_mma_smem_bytes(128, 64),

@@ -656,16 +656,6 @@ class CudaBackend final : public Backend {
     return 1e-3 * double(ms);
   }
 
-  bool passed(const QueueMark& m) override {
-    const cudaError_t r = cudaEventQuery(event_of(m, "passed"));
-    if (r == cudaErrorNotReady) {
-      cudaGetLastError();  // not an error: the device is still on earlier work
-      return false;
-    }
-    check(r, "passed", "cudaEventQuery");
-    return true;
-  }
-
   // Under the profiler (its events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops
   // launch one by one.
   bool records_steps() const override { return !prof_ && graphs_enabled(); }

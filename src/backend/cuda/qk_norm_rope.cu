@@ -4,7 +4,6 @@
 // separate kernels (norm in f32, round to bf16, rotate in f32, round), so results equal the
 // unfused path's bit for bit.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/device_util.cuh"
@@ -14,17 +13,13 @@
 namespace dflash::cuda {
 namespace {
 
-// DEPENDENTS_FIRST (measuring only, DFLASH_QKNORM_DEPENDENTS_FIRST=R, up to R rows): the split
-// attention kernel after this one is let in before this one waits, so that its blocks can become
-// resident during the q/k/v product (an instantiation of its own: the default's code unchanged).
-template <bool DEPENDENTS_FIRST = false>
 __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq, const __nv_bfloat16* k,
                                           int64_t ldk, const __nv_bfloat16* v, int64_t ldv, int hkv,
                                           const float* q_norm, const float* k_norm, float eps, int D,
                                           const int32_t* positions, int64_t pos0, const float* cos,
                                           const float* sin, __nv_bfloat16* k_dst, int64_t ldkd,
                                           __nv_bfloat16* v_dst, int64_t ldvd) {
-  grid_dependency_begin(DEPENDENTS_FIRST);
+  grid_dependency_begin();
   const int heads = hq + 2 * hkv;
   const int64_t r = blockIdx.x / heads;
   const int h = blockIdx.x % heads;
@@ -141,13 +136,7 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
     return;
   }
   const int threads = static_cast<int>(std::min<int64_t>(256, (head_dim + 31) / 32 * 32));
-  static const int64_t dependents_first_rows = [] {
-    const char* e = std::getenv("DFLASH_QKNORM_DEPENDENTS_FIRST");
-    return e ? std::atoll(e) : int64_t(0);
-  }();
-  launch_kernel("qk_norm_rope_store",
-      rows <= dependents_first_rows ? qk_norm_rope_store_kernel<true> : qk_norm_rope_store_kernel<false>,
-      static_cast<unsigned>(blocks), threads, 0, s,
+  launch_kernel("qk_norm_rope_store", qk_norm_rope_store_kernel, static_cast<unsigned>(blocks), threads, 0, s,
       static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
       static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
       static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
