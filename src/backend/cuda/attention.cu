@@ -461,14 +461,16 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
 // function and releasing its dependents only after its partials: plain decode 221.7-223.1
 // against 226.2-227.6 tokens/s, 2026-12-02.)
 //
-// BATCHED (DFLASH_ATTN_MERGE_BATCHED=1, not yet measured on a GPU): the chunks past the first
-// kMergeEarlyChunks are loaded kMergeEarlyChunks at a time too, before they are summed, instead
-// of one load per chunk in the sum's loop: one trip to L2 per batch where long contexts (65
-// chunks at 4096 cached rows) made the loop a chain of trips. The same fmaf's in the same chunk
-// order, so the same bits; the same work up to kMergeEarlyChunks chunks (1024 cached rows).
-constexpr int kMergeEarlyChunks = 16;
-template <int V, bool BATCHED = false>
+// Long contexts (65 chunks at 4096 cached rows) are summed in batches of kMergeBatch chunks, each
+// batch loaded before it is summed: one trip to L2 a batch instead of one a chunk, which made the
+// sum a chain of trips (with a load a chunk past the first batch: plain decode 200.4-200.9 against
+// 205.0-206.2 tokens/s, a DFlash step 7.444-7.549 against 7.281-7.296 ms at 4096 cached rows, H200,
+// 2026-12-02; the same fmaf's in the same order, so the same bits). The first batch is loaded
+// before the max is known, so up to kMergeBatch chunks (1024 cached rows) cost one trip in all.
+constexpr int kMergeBatch = 16;
+template <int V>
 __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
+  static_assert(32 % kMergeBatch == 0, "a batch must not straddle two windows of 32 chunks");
   grid_dependency_begin(a.dependents_first);  // see kDecodeSplitCarveout
   const int lane = threadIdx.x % 32;
   const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
@@ -482,20 +484,24 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   for (int base = 0; base < a.D; base += 32 * V) {  // warp-uniform
     const int d0 = base + lane * V;
     const bool live = d0 < a.D;  // D % V == 0
-    float early[kMergeEarlyChunks][V];
+    float batch[kMergeBatch][V];
+    auto load_batch = [&](int cb) {
 #pragma unroll
-    for (int c = 0; c < kMergeEarlyChunks; ++c)
-      if (c < n && live) {
-        if constexpr (V == 4) {
-          const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(c) * a.D + d0));
-          early[c][0] = o.x;
-          early[c][1] = o.y;
-          early[c][2] = o.z;
-          early[c][3] = o.w;
-        } else {
-          early[c][0] = __ldcg(po + int64_t(c) * a.D + d0);
+      for (int i = 0; i < kMergeBatch; ++i)
+        if (cb + i < n && live) {
+          const float* src = po + int64_t(cb + i) * a.D + d0;
+          if constexpr (V == 4) {
+            const float4 o = __ldcg(reinterpret_cast<const float4*>(src));
+            batch[i][0] = o.x;
+            batch[i][1] = o.y;
+            batch[i][2] = o.z;
+            batch[i][3] = o.w;
+          } else {
+            batch[i][0] = __ldcg(src);
+          }
         }
-      }
+    };
+    load_batch(0);
     float M = first.x;
     for (int c = lane + 32; c < n; c += 32) M = fmaxf(M, __ldcg(&ml[c].x));
     M = warp_max(M);
@@ -504,71 +510,25 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
     for (int e = 0; e < V; ++e) num[e] = 0.f;
     float2 x = first;  // chunks cb … cb + 31: lane l holds chunk cb + l's (max, sum)
     float w_lane = lane < n ? exp2f(x.x - M) : 0.f;
-#pragma unroll
-    for (int c = 0; c < kMergeEarlyChunks; ++c) {
-      if (c >= n) break;  // warp-uniform
-      const float w = __shfl_sync(0xffffffffu, w_lane, c), l = __shfl_sync(0xffffffffu, x.y, c);
-      if (live) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) num[e] = fmaf(early[c][e], w, num[e]);
-      }
-      den = fmaf(l, w, den);
-    }
-    if constexpr (BATCHED) {
-      // Batches of kMergeEarlyChunks from chunk kMergeEarlyChunks on: each lies inside one
-      // window of 32 chunks, whose (max, sum) pairs the lanes hold.
-      static_assert(32 % kMergeEarlyChunks == 0, "a batch must not straddle two windows");
-      for (int cb = kMergeEarlyChunks; cb < n; cb += kMergeEarlyChunks) {  // warp-uniform
+    for (int cb = 0; cb < n; cb += kMergeBatch) {  // warp-uniform
+      if (cb > 0) {
         if (cb % 32 == 0) {
           x = cb + lane < n ? __ldcg(&ml[cb + lane]) : make_float2(-INFINITY, 0.f);
           w_lane = cb + lane < n ? exp2f(x.x - M) : 0.f;
         }
+        load_batch(cb);
+      }
 #pragma unroll
-        for (int i = 0; i < kMergeEarlyChunks; ++i)
-          if (cb + i < n && live) {
-            const float* src = po + int64_t(cb + i) * a.D + d0;
-            if constexpr (V == 4) {
-              const float4 o = __ldcg(reinterpret_cast<const float4*>(src));
-              early[i][0] = o.x;
-              early[i][1] = o.y;
-              early[i][2] = o.z;
-              early[i][3] = o.w;
-            } else {
-              early[i][0] = __ldcg(src);
-            }
-          }
+      for (int i = 0; i < kMergeBatch; ++i) {
+        const int c = cb + i;
+        if (c >= n) break;  // warp-uniform
+        const float w = __shfl_sync(0xffffffffu, w_lane, c % 32), l = __shfl_sync(0xffffffffu, x.y, c % 32);
+        if (live) {
 #pragma unroll
-        for (int i = 0; i < kMergeEarlyChunks; ++i) {
-          const int c = cb + i;
-          if (c >= n) break;  // warp-uniform
-          const float w = __shfl_sync(0xffffffffu, w_lane, c % 32), l = __shfl_sync(0xffffffffu, x.y, c % 32);
-          if (live) {
-#pragma unroll
-            for (int e = 0; e < V; ++e) num[e] = fmaf(early[i][e], w, num[e]);
-          }
-          den = fmaf(l, w, den);
+          for (int e = 0; e < V; ++e) num[e] = fmaf(batch[i][e], w, num[e]);
         }
+        den = fmaf(l, w, den);
       }
-    }
-    for (int c = BATCHED ? n : kMergeEarlyChunks; c < n; ++c) {
-      if (c % 32 == 0) {
-        x = c + lane < n ? __ldcg(&ml[c + lane]) : make_float2(-INFINITY, 0.f);
-        w_lane = c + lane < n ? exp2f(x.x - M) : 0.f;
-      }
-      const float w = __shfl_sync(0xffffffffu, w_lane, c % 32), l = __shfl_sync(0xffffffffu, x.y, c % 32);
-      if (live) {
-        const float* src = po + int64_t(c) * a.D + d0;
-        if constexpr (V == 4) {
-          const float4 o = __ldcg(reinterpret_cast<const float4*>(src));
-          num[0] = fmaf(o.x, w, num[0]);
-          num[1] = fmaf(o.y, w, num[1]);
-          num[2] = fmaf(o.z, w, num[2]);
-          num[3] = fmaf(o.w, w, num[3]);
-        } else {
-          num[0] = fmaf(__ldcg(src), w, num[0]);
-        }
-      }
-      den = fmaf(l, w, den);
     }
     if (live) {
 #pragma unroll
@@ -740,12 +700,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       return e ? std::atoll(e) : int64_t(-1);
     }();
     a.dependents_first = dependents_first_rows >= 0 ? T <= dependents_first_rows : decode_split;
-    static const bool merge_batched = [] {
-      const char* e = std::getenv("DFLASH_ATTN_MERGE_BATCHED");  // measuring, until measured
-      return e && std::string(e) == "1";
-    }();
-    auto* merge = merge_batched ? (D % 4 == 0 ? split_merge_kernel<4, true> : split_merge_kernel<1, true>)
-                                : (D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>);
+    auto* merge = D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>;
     launch_kernel("attention_merge", merge, blocks_for(T * hq * 32, 128), 128, 0, s, a);
     return;
   }
