@@ -426,13 +426,11 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
 enum SplitCarveout : int { kCarveoutDriver = 0, kCarveoutDecode = 1, kCarveoutBlock = 2 };
 
 // One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-// TILES_FIRST: grid x walks the row/head tiles of one chunk, y the chunks, z the KV heads.
-template <int W, int CARVEOUT = kCarveoutDriver, bool TILES_FIRST = false>
+template <int W, int CARVEOUT = kCarveoutDriver>
 __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int c = TILES_FIRST ? blockIdx.y : blockIdx.x, kvh = TILES_FIRST ? blockIdx.z : blockIdx.y;
-  const unsigned tile = TILES_FIRST ? blockIdx.x : blockIdx.z;
-  const int row_tile = tile / a.head_tiles, head_tile = tile % a.head_tiles;
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
   const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
   const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
   const int h_in_group = head_tile * a.heads_per_block;
@@ -652,11 +650,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       }();
       int64_t rows = std::min<int64_t>(max_rows, std::max(1, tile_queries / a.heads_per_block));
       const int64_t per_row_tile = nc * hkv * a.head_tiles;
-      static const int64_t many_blocks = [] {
-        const char* e = std::getenv("DFLASH_ATTN_MANY_BLOCKS");  // measuring only
-        return e && std::atoll(e) > 0 ? std::atoll(e) : kSplitManyBlocks;
-      }();
-      while (rows < max_rows && per_row_tile * ((T + rows - 1) / rows) > many_blocks)
+      while (rows < max_rows && per_row_tile * ((T + rows - 1) / rows) > kSplitManyBlocks)
         rows = std::min(max_rows, rows * 2);
       a.rows_per_block = static_cast<int>(rows);
       const int64_t row_tiles = (T + rows - 1) / rows;
@@ -688,22 +682,15 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                                         split_mma_smem_bytes(128, 64),
                                                         split_mma_smem_bytes(kMaxHeadDim, 32)}));
-        for (auto* k : {split_kernel<4>, split_kernel<8>, split_kernel<8, kCarveoutDecode>,
-                        split_kernel<8, kCarveoutBlock>, split_kernel<8, kCarveoutDriver, true>})
+        for (auto* k :
+             {split_kernel<4>, split_kernel<8>, split_kernel<8, kCarveoutDecode>, split_kernel<8, kCarveoutBlock>})
           if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
             return e;
         return cudaSuccess;
       }();
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
-      static const bool tiles_first = [] {
-        const char* e = std::getenv("DFLASH_ATTN_TILES_FIRST");  // measuring, until measured
-        return e && std::string(e) == "1";
-      }();
-      const bool by_tiles = tiles_first && kernel == split_kernel<8> && nc <= 65535 && hkv <= 65535;
-      if (by_tiles) kernel = split_kernel<8, kCarveoutDriver, true>;
-      const unsigned tiles = static_cast<unsigned>(row_tiles * a.head_tiles);
-      const dim3 grid = by_tiles ? dim3(tiles, static_cast<unsigned>(nc), static_cast<unsigned>(hkv))
-                                 : dim3(static_cast<unsigned>(nc), static_cast<unsigned>(hkv), tiles);
+      const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
+                      static_cast<unsigned>(row_tiles * a.head_tiles));
       launch_kernel(op, kernel, grid, warps * 32, smem, s, a);
     }
     // Measuring only: DFLASH_ATTN_MERGE_DEPENDENTS_FIRST=R lets dependents in first up to R rows
