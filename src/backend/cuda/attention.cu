@@ -168,13 +168,13 @@ __device__ __forceinline__ void stage_chunk_kv(const SplitArgs& a, __nv_bfloat16
 // part_ml: one warp per query, keys lane and lane + 32. The max is exact in any order; the sum
 // is the fixed butterfly of warp_sum. A query that sees no key of the chunk is left alone.
 __device__ __forceinline__ void chunk_softmax(const SplitArgs& a, float* Ss, int nq, int hg, int64_t t0, int h_base,
-                                              int c, int64_t c0) {
+                                              int c, int64_t c0, int ss_stride = kChunk) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int qv = warp; qv < nq; qv += int(blockDim.x) / 32) {
     const int64_t t = t0 + qv / hg;
     const int nv = keys_in_chunk(visible_keys(t, a.kv_len, a.q_pos0, a.causal), c0);
     if (nv == 0) continue;  // this chunk is past the row's last key
-    float* srow = Ss + qv * kChunk;
+    float* srow = Ss + qv * ss_stride;
     const float sa = lane < nv ? srow[lane] : -INFINITY;
     const float sb = lane + 32 < nv ? srow[lane + 32] : -INFINITY;
     const float m = warp_max(fmaxf(sa, sb));  // finite: key 0 of the chunk is visible
@@ -269,10 +269,18 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
 // Shared memory of one tensor-core split block: K and V as in split_chunk, then the queries as
 // bf16 rows of D8 + 8 for whole m16 tiles (rows past the tile's queries zero), then f32 scores
 // and probabilities for those rows.
-__host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq) {
+__host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq, int ss_stride = kChunk) {
   return size_t(2) * kChunk * split_row_stride(D8) * 2 + size_t((nq + 15) / 16 * 16) * split_row_stride(D8) * 2 +
-         size_t((nq + 15) / 16 * 16) * kChunk * 4;
+         size_t((nq + 15) / 16 * 16) * ss_stride * 4;
 }
+
+// DFLASH_ATTN_SCORE_PAD=1 (measuring, not yet run on a GPU): score rows of kChunk + 8 floats
+// instead of kChunk. With rows of kChunk (256 bytes) the mma fragments' rows g = lane / 4 all
+// fall on the same banks, so each score store and each probability load of P·V is an 8-way
+// bank conflict (4-way a half-warp for the 64-bit loads); 8 floats of padding put the half-warp's
+// four rows on disjoint banks, and the scores are then stored as float2. The same numbers in the
+// same order: only where they sit in shared memory changes.
+constexpr int kScoreRowPadded = kChunk + 8;
 
 // split_chunk on the tensor cores (sm_80+, D % 16 == 0, aligned K/V rows): the scores and P·V
 // as m16n8k16 bf16 products with f32 accumulation, the softmax between them as in split_chunk.
@@ -284,7 +292,7 @@ __host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq) {
 // zeros and the V rows past the loaded keys are zeroed, so a row's partials depend only on its
 // query, its visible count and the keys. Of W warps, warp w computes the scores of keys
 // (64/W)·w … (64/W)·(w + 1) − 1 and the output columns 8(w + W·i) … of every m16 tile.
-template <int W>
+template <int W, int SS = kChunk>
 __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
                                                 int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, Dp = split_row_stride(a.D8);
@@ -343,15 +351,24 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
                          *reinterpret_cast<const uint32_t*>(kr + 8));
       }
     }
+    if constexpr (SS == kChunk) {
 #pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt)
+      for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        Ss[(mt * 16 + g + (i / 2) * 8) * kChunk + warp * kKeys + nt * 8 + 2 * t + i % 2] = acc[nt][i] * a.scale_log2;
+        for (int i = 0; i < 4; ++i)
+          Ss[(mt * 16 + g + (i / 2) * 8) * kChunk + warp * kKeys + nt * 8 + 2 * t + i % 2] = acc[nt][i] * a.scale_log2;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<float2*>(Ss + (mt * 16 + g + half * 8) * SS + warp * kKeys + nt * 8 + 2 * t) =
+              make_float2(acc[nt][2 * half] * a.scale_log2, acc[nt][2 * half + 1] * a.scale_log2);
+    }
   }
   __syncthreads();
 
-  if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0);
+  if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0, SS);
   cp_async_wait<0>();
   __syncthreads();
   if (a.diag & 16) return;
@@ -367,10 +384,10 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
       for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
 #pragma unroll
     for (int k0 = 0; k0 < kChunk; k0 += 16) {
-      const float* p0 = Ss + (mt * 16 + g) * kChunk + k0 + 2 * t;
+      const float* p0 = Ss + (mt * 16 + g) * SS + k0 + 2 * t;
       const float2 q00 = *reinterpret_cast<const float2*>(p0), q01 = *reinterpret_cast<const float2*>(p0 + 8);
-      const float2 q10 = *reinterpret_cast<const float2*>(p0 + 8 * kChunk);
-      const float2 q11 = *reinterpret_cast<const float2*>(p0 + 8 * kChunk + 8);
+      const float2 q10 = *reinterpret_cast<const float2*>(p0 + 8 * SS);
+      const float2 q11 = *reinterpret_cast<const float2*>(p0 + 8 * SS + 8);
       const __nv_bfloat162 h00 = __floats2bfloat162_rn(q00.x, q00.y), h10 = __floats2bfloat162_rn(q10.x, q10.y);
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(q01.x, q01.y), h11 = __floats2bfloat162_rn(q11.x, q11.y);
       const __nv_bfloat162 l00 = __floats2bfloat162_rn(q00.x - __low2float(h00), q00.y - __high2float(h00));
@@ -426,7 +443,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
 enum SplitCarveout : int { kCarveoutDriver = 0, kCarveoutDecode = 1, kCarveoutBlock = 2 };
 
 // One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-template <int W, int CARVEOUT = kCarveoutDriver>
+template <int W, int CARVEOUT = kCarveoutDriver, int SS = kChunk>
 __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, kvh = blockIdx.y;
@@ -442,7 +459,7 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
   const TimelineMark mark = grid_dependency_begin();
   if (n_load > 0) {
-    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    if (a.mma) split_chunk_mma<W, SS>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
     else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   }
   mark.exit();
@@ -655,7 +672,13 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       a.rows_per_block = static_cast<int>(rows);
       const int64_t row_tiles = (T + rows - 1) / rows;
       const int nq = a.rows_per_block * a.heads_per_block;
-      const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
+      static const bool score_pad = [] {
+        const char* e = std::getenv("DFLASH_ATTN_SCORE_PAD");  // measuring, until measured
+        return e && std::string(e) == "1";
+      }();
+      const int ss_stride = score_pad ? kScoreRowPadded : kChunk;
+      const size_t smem =
+          a.mma ? split_mma_smem_bytes(a.D8, nq, ss_stride) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
       static const int warps = [] {
         const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
@@ -672,12 +695,22 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                      : carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock>
                      : warps == 4                 ? split_kernel<4>
                                                   : split_kernel<8>;
+      if (score_pad && warps == 8)  // split_kernel<4> (measuring only) keeps rows of kChunk
+        kernel = carveout == kCarveoutDecode  ? split_kernel<8, kCarveoutDecode, kScoreRowPadded>
+                 : carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock, kScoreRowPadded>
+                                              : split_kernel<8, kCarveoutDriver, kScoreRowPadded>;
       // launch.cuh's names for the measuring knobs (DFLASH_CUDA_CARVEOUT overrides these).
       const char* op = carveout == kCarveoutDecode ? "attention_decode"
                        : carveout == kCarveoutBlock ? "attention_block"
                                                     : "attention";
-      if (carveout == kCarveoutDecode) default_carveout<split_kernel<8, kCarveoutDecode>>(kDecodeSplitCarveout, op);
-      if (carveout == kCarveoutBlock) default_carveout<split_kernel<8, kCarveoutBlock>>(kBlockSplitCarveout, op);
+      if (carveout == kCarveoutDecode) {
+        default_carveout<split_kernel<8, kCarveoutDecode>>(kDecodeSplitCarveout, op);
+        if (score_pad) default_carveout<split_kernel<8, kCarveoutDecode, kScoreRowPadded>>(kDecodeSplitCarveout, op);
+      }
+      if (carveout == kCarveoutBlock) {
+        default_carveout<split_kernel<8, kCarveoutBlock>>(kBlockSplitCarveout, op);
+        if (score_pad) default_carveout<split_kernel<8, kCarveoutBlock, kScoreRowPadded>>(kBlockSplitCarveout, op);
+      }
       static const cudaError_t opt_in = [] {
         const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                                         split_mma_smem_bytes(128, 64),
@@ -685,6 +718,13 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         for (auto* k :
              {split_kernel<4>, split_kernel<8>, split_kernel<8, kCarveoutDecode>, split_kernel<8, kCarveoutBlock>})
           if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
+            return e;
+        const int padded_max = static_cast<int>(std::max(split_mma_smem_bytes(128, 64, kScoreRowPadded),
+                                                         split_mma_smem_bytes(kMaxHeadDim, 32, kScoreRowPadded)));
+        for (auto* k : {split_kernel<8, kCarveoutDriver, kScoreRowPadded>,
+                        split_kernel<8, kCarveoutDecode, kScoreRowPadded>,
+                        split_kernel<8, kCarveoutBlock, kScoreRowPadded>})
+          if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, padded_max))
             return e;
         return cudaSuccess;
       }();
