@@ -8,6 +8,7 @@
 #   STEPS="build doctor" scripts/gpu_run.sh
 #   STEPS="build prefill" PREFILL_LENS="512 4096" PREFILL_AB="DFLASH_ATTN_PREFILL=rows" scripts/gpu_run.sh
 #   STEPS="build bench ab" AB="DFLASH_CUDA_PDL=0|" scripts/gpu_run.sh   # A/B under settings
+#   STEPS="build ab" AB_PROMPT_LEN="512 4096" AB="|X=1" scripts/gpu_run.sh   # the A/B at two prompt lengths
 #   STEPS="build bench ab" AB="||" AB_TREE=ab_prev scripts/gpu_run.sh   # A/B of a code change: ab_prev holds
 #                                             # the changed files as they were (an untracked folder)
 #   DOCTOR_ARGS=--bandwidth-sweep STEPS="build doctor" scripts/gpu_run.sh   # read-bandwidth sweep too
@@ -260,19 +261,22 @@ fi
 if has ab; then
   # The same Qwen3-8B-shaped bench under each setting of AB ("|"-separated; each a list of
   # environment assignments, an empty one the default build): the A/B of a change in one run.
-  # AB_PROMPT_LEN: the prompt's tokens (512, as the bench step's, unless set).
-  step "A/B at Qwen3-8B shapes, ${AB_PROMPT_LEN:=512}-token prompt: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_ATTN_MMA=0|}"
-  ab_prompt=$(q8b_prompt "$AB_PROMPT_LEN")
-  IFS='|' read -ra settings <<<"$AB|"
-  binaries=("$BUILD/dflash")
-  [[ -n ${AB_TREE:-} ]] && binaries+=(/tmp/ab-tree/build/dflash)
-  for setting in "${settings[@]}"; do
-    for bin in "${binaries[@]}"; do
-      echo "--- ${setting:-default}${AB_TREE:+ ($bin)}"
-      setting_words "$setting"
-      env "${words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
-        --prompt-ids "$ab_prompt" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
-        | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs|^prefill"
+  # AB_PROMPT_LEN: the prompt's tokens (512, as the bench step's, unless set); several lengths
+  # ("512 4096") run the whole list once at each.
+  for ab_len in ${AB_PROMPT_LEN:=512}; do
+    step "A/B at Qwen3-8B shapes, ${ab_len}-token prompt: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_ATTN_MMA=0|}"
+    ab_prompt=$(q8b_prompt "$ab_len")
+    IFS='|' read -ra settings <<<"$AB|"
+    binaries=("$BUILD/dflash")
+    [[ -n ${AB_TREE:-} ]] && binaries+=(/tmp/ab-tree/build/dflash)
+    for setting in "${settings[@]}"; do
+      for bin in "${binaries[@]}"; do
+        echo "--- ${setting:-default}${AB_TREE:+ ($bin)}"
+        setting_words "$setting"
+        env "${words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
+          --prompt-ids "$ab_prompt" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
+          | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs|^prefill"
+      done
     done
   done
 fi
