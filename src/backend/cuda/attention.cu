@@ -672,19 +672,19 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       a.rows_per_block = static_cast<int>(rows);
       const int64_t row_tiles = (T + rows - 1) / rows;
       const int nq = a.rows_per_block * a.heads_per_block;
-      static const bool score_pad = [] {
-        const char* e = std::getenv("DFLASH_ATTN_SCORE_PAD");  // measuring, until measured
-        return e && std::string(e) == "1";
-      }();
-      const int ss_stride = score_pad ? kScoreRowPadded : kChunk;
-      const size_t smem =
-          a.mma ? split_mma_smem_bytes(a.D8, nq, ss_stride) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
-      // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
       static const int warps = [] {
         const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
         const int w = e ? std::atoi(e) : 0;
         return w == 4 ? w : kSplitWarps;
       }();
+      // split_kernel<4> (measuring only) keeps rows of kChunk.
+      static const bool score_pad = [] {
+        const char* e = std::getenv("DFLASH_ATTN_SCORE_PAD");  // measuring, until measured
+        return e && std::string(e) == "1" && warps == 8;
+      }();
+      // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
+      const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq, score_pad ? kScoreRowPadded : kChunk)
+                                : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       static const int64_t sms = sm_count("attention");
       const int64_t blocks = nc * hkv * row_tiles * a.head_tiles;
       const SplitCarveout carveout = warps != 8 ? kCarveoutDriver
@@ -695,7 +695,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                      : carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock>
                      : warps == 4                 ? split_kernel<4>
                                                   : split_kernel<8>;
-      if (score_pad && warps == 8)  // split_kernel<4> (measuring only) keeps rows of kChunk
+      if (score_pad)
         kernel = carveout == kCarveoutDecode  ? split_kernel<8, kCarveoutDecode, kScoreRowPadded>
                  : carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock, kScoreRowPadded>
                                               : split_kernel<8, kCarveoutDriver, kScoreRowPadded>;
