@@ -266,21 +266,21 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   else split_pv<4>(a, Vs, Ss, nq, hg, t0, h_base, c, c0);
 }
 
+// The tensor-core split's score rows are kChunk + 8 floats, not kChunk. With rows of kChunk (256
+// bytes) the mma fragments' rows g = lane / 4 all fall on the same banks, so each score store and
+// each probability load of P·V was an 8-way bank conflict (4-way a half-warp for the 64-bit
+// loads); 8 floats of padding put a half-warp's four rows on disjoint banks, and the scores are
+// stored as float2. The same numbers in the same order (H200, thirtieth pass: a step 0.9 %
+// shorter at 4096 cached rows, level at 512; docs/benchmarks.md).
+constexpr int kScoreRow = kChunk + 8;
+
 // Shared memory of one tensor-core split block: K and V as in split_chunk, then the queries as
 // bf16 rows of D8 + 8 for whole m16 tiles (rows past the tile's queries zero), then f32 scores
-// and probabilities for those rows.
-__host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq, int ss_stride = kChunk) {
+// and probabilities for those rows (kScoreRow floats each).
+__host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq) {
   return size_t(2) * kChunk * split_row_stride(D8) * 2 + size_t((nq + 15) / 16 * 16) * split_row_stride(D8) * 2 +
-         size_t((nq + 15) / 16 * 16) * ss_stride * 4;
+         size_t((nq + 15) / 16 * 16) * kScoreRow * 4;
 }
-
-// DFLASH_ATTN_SCORE_PAD=1 (measuring, not yet run on a GPU): score rows of kChunk + 8 floats
-// instead of kChunk. With rows of kChunk (256 bytes) the mma fragments' rows g = lane / 4 all
-// fall on the same banks, so each score store and each probability load of P·V is an 8-way
-// bank conflict (4-way a half-warp for the 64-bit loads); 8 floats of padding put the half-warp's
-// four rows on disjoint banks, and the scores are then stored as float2. The same numbers in the
-// same order: only where they sit in shared memory changes.
-constexpr int kScoreRowPadded = kChunk + 8;
 
 // split_chunk on the tensor cores (sm_80+, D % 16 == 0, aligned K/V rows): the scores and P·V
 // as m16n8k16 bf16 products with f32 accumulation, the softmax between them as in split_chunk.
@@ -292,7 +292,7 @@ constexpr int kScoreRowPadded = kChunk + 8;
 // zeros and the V rows past the loaded keys are zeroed, so a row's partials depend only on its
 // query, its visible count and the keys. Of W warps, warp w computes the scores of keys
 // (64/W)·w … (64/W)·(w + 1) − 1 and the output columns 8(w + W·i) … of every m16 tile.
-template <int W, int SS = kChunk>
+template <int W>
 __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
                                                 int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, Dp = split_row_stride(a.D8);
@@ -351,24 +351,16 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
                          *reinterpret_cast<const uint32_t*>(kr + 8));
       }
     }
-    if constexpr (SS == kChunk) {
 #pragma unroll
-      for (int nt = 0; nt < kTiles; ++nt)
+    for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          Ss[(mt * 16 + g + (i / 2) * 8) * kChunk + warp * kKeys + nt * 8 + 2 * t + i % 2] = acc[nt][i] * a.scale_log2;
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          *reinterpret_cast<float2*>(Ss + (mt * 16 + g + half * 8) * SS + warp * kKeys + nt * 8 + 2 * t) =
-              make_float2(acc[nt][2 * half] * a.scale_log2, acc[nt][2 * half + 1] * a.scale_log2);
-    }
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<float2*>(Ss + (mt * 16 + g + half * 8) * kScoreRow + warp * kKeys + nt * 8 + 2 * t) =
+            make_float2(acc[nt][2 * half] * a.scale_log2, acc[nt][2 * half + 1] * a.scale_log2);
   }
   __syncthreads();
 
-  if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0, SS);
+  if (!(a.diag & 8)) chunk_softmax(a, Ss, nq, hg, t0, h_base, c, c0, kScoreRow);
   cp_async_wait<0>();
   __syncthreads();
   if (a.diag & 16) return;
@@ -384,10 +376,10 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
       for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
 #pragma unroll
     for (int k0 = 0; k0 < kChunk; k0 += 16) {
-      const float* p0 = Ss + (mt * 16 + g) * SS + k0 + 2 * t;
+      const float* p0 = Ss + (mt * 16 + g) * kScoreRow + k0 + 2 * t;
       const float2 q00 = *reinterpret_cast<const float2*>(p0), q01 = *reinterpret_cast<const float2*>(p0 + 8);
-      const float2 q10 = *reinterpret_cast<const float2*>(p0 + 8 * SS);
-      const float2 q11 = *reinterpret_cast<const float2*>(p0 + 8 * SS + 8);
+      const float2 q10 = *reinterpret_cast<const float2*>(p0 + 8 * kScoreRow);
+      const float2 q11 = *reinterpret_cast<const float2*>(p0 + 8 * kScoreRow + 8);
       const __nv_bfloat162 h00 = __floats2bfloat162_rn(q00.x, q00.y), h10 = __floats2bfloat162_rn(q10.x, q10.y);
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(q01.x, q01.y), h11 = __floats2bfloat162_rn(q11.x, q11.y);
       const __nv_bfloat162 l00 = __floats2bfloat162_rn(q00.x - __low2float(h00), q00.y - __high2float(h00));
@@ -443,7 +435,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
 enum SplitCarveout : int { kCarveoutDriver = 0, kCarveoutDecode = 1, kCarveoutBlock = 2 };
 
 // One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-template <int W, int CARVEOUT = kCarveoutDriver, int SS = kChunk>
+template <int W, int CARVEOUT = kCarveoutDriver>
 __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, kvh = blockIdx.y;
@@ -459,7 +451,7 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
   const TimelineMark mark = grid_dependency_begin();
   if (n_load > 0) {
-    if (a.mma) split_chunk_mma<W, SS>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
     else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   }
   mark.exit();
@@ -677,13 +669,8 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         const int w = e ? std::atoi(e) : 0;
         return w == 4 ? w : kSplitWarps;
       }();
-      // split_kernel<4> (measuring only) keeps rows of kChunk.
-      static const bool score_pad = [] {
-        const char* e = std::getenv("DFLASH_ATTN_SCORE_PAD");  // measuring, until measured
-        return e && std::string(e) == "1" && warps == 8;
-      }();
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
-      const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq, score_pad ? kScoreRowPadded : kChunk)
+      const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq)
                                 : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       static const int64_t sms = sm_count("attention");
       const int64_t blocks = nc * hkv * row_tiles * a.head_tiles;
@@ -695,22 +682,12 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                      : carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock>
                      : warps == 4                 ? split_kernel<4>
                                                   : split_kernel<8>;
-      if (score_pad)
-        kernel = carveout == kCarveoutDecode  ? split_kernel<8, kCarveoutDecode, kScoreRowPadded>
-                 : carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock, kScoreRowPadded>
-                                              : split_kernel<8, kCarveoutDriver, kScoreRowPadded>;
       // launch.cuh's names for the measuring knobs (DFLASH_CUDA_CARVEOUT overrides these).
       const char* op = carveout == kCarveoutDecode ? "attention_decode"
                        : carveout == kCarveoutBlock ? "attention_block"
                                                     : "attention";
-      if (carveout == kCarveoutDecode) {
-        default_carveout<split_kernel<8, kCarveoutDecode>>(kDecodeSplitCarveout, op);
-        if (score_pad) default_carveout<split_kernel<8, kCarveoutDecode, kScoreRowPadded>>(kDecodeSplitCarveout, op);
-      }
-      if (carveout == kCarveoutBlock) {
-        default_carveout<split_kernel<8, kCarveoutBlock>>(kBlockSplitCarveout, op);
-        if (score_pad) default_carveout<split_kernel<8, kCarveoutBlock, kScoreRowPadded>>(kBlockSplitCarveout, op);
-      }
+      if (carveout == kCarveoutDecode) default_carveout<split_kernel<8, kCarveoutDecode>>(kDecodeSplitCarveout, op);
+      if (carveout == kCarveoutBlock) default_carveout<split_kernel<8, kCarveoutBlock>>(kBlockSplitCarveout, op);
       static const cudaError_t opt_in = [] {
         const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                                         split_mma_smem_bytes(128, 64),
@@ -718,13 +695,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         for (auto* k :
              {split_kernel<4>, split_kernel<8>, split_kernel<8, kCarveoutDecode>, split_kernel<8, kCarveoutBlock>})
           if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
-            return e;
-        const int padded_max = static_cast<int>(std::max(split_mma_smem_bytes(128, 64, kScoreRowPadded),
-                                                         split_mma_smem_bytes(kMaxHeadDim, 32, kScoreRowPadded)));
-        for (auto* k : {split_kernel<8, kCarveoutDriver, kScoreRowPadded>,
-                        split_kernel<8, kCarveoutDecode, kScoreRowPadded>,
-                        split_kernel<8, kCarveoutBlock, kScoreRowPadded>})
-          if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, padded_max))
             return e;
         return cudaSuccess;
       }();
