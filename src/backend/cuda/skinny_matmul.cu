@@ -118,16 +118,8 @@ __device__ __forceinline__ void point_weight_rows(const uint4* (&wrow)[NT], cons
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-//
-// V (DFLASH_SKINNY_WIDE=1, measuring): a launched block of V·kWarps warps runs V consecutive
-// blocks of the V = 1 kernel, each on its own kWarps warps, shared memory and partial sums, so
-// every output and every norm partial is the V = 1 kernel's, bit for bit. What changes is that
-// the V blocks sharing x are on one SM by construction, where their warps of one K slice read
-// the same x at about the same time (through L1). At 16 rows the o and down products' x is as
-// many bytes a block as its weights (one 16-column group, 8 slices), and they stream at 64-76 %
-// of the copy figure against 76-92 % at one row (thirtieth pass, timeline).
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int V = 1>
-__global__ void __launch_bounds__(V * kWarps * 32, 2 / V)
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
+__global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
                       const SkinnyNorm norm, bool w_uploaded, bool early_y) {
@@ -137,17 +129,13 @@ __global__ void __launch_bounds__(V * kWarps * 32, 2 / V)
   constexpr int kRows = NT * 8;                // rows of w per warp
   constexpr int kCols = PAIR ? 8 : kRows;      // columns of y per warp
   const int64_t NO = PAIR ? N / 2 : N;         // columns of y
-  __shared__ float part[V * kWarps][MT * 16][kRows];
+  __shared__ float part[kWarps][MT * 16][kRows];
 
-  // sub: which of the V blocks this thread belongs to; tid and warp: its thread and warp there.
-  const unsigned sub = V == 1 ? 0u : threadIdx.x / (kWarps * 32);
-  const unsigned tid = V == 1 ? threadIdx.x : threadIdx.x % (kWarps * 32);
-  const int warp = tid / 32, lane = threadIdx.x % 32;
-  const int64_t vblock = V == 1 ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * V + sub;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int G = kWarps / S;  // groups of rows of w per block; warp = slice · G + group
   const int group = warp % G, slice = warp / G;
-  const int64_t block_n0 = vblock * G * kCols;
+  const int64_t block_n0 = int64_t(blockIdx.x) * G * kCols;
   const int64_t n0 = block_n0 + int64_t(group) * kCols;
   const int chunks = K / 32;
   const int c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
@@ -187,12 +175,12 @@ __global__ void __launch_bounds__(V * kWarps * 32, 2 / V)
   // to L2 runs under the main loop instead of after it, at the tail of every block. The same
   // values, so the same bits.
   const int block_cols = G * kCols;
-  const bool has_early = EPI == kEpiEmitNorm && early_y && int(tid) < M * block_cols &&
-                         block_n0 + tid % block_cols < NO;
+  const bool has_early = EPI == kEpiEmitNorm && early_y && int(threadIdx.x) < M * block_cols &&
+                         block_n0 + threadIdx.x % block_cols < NO;
   float y_early = 0.f, nw_early = 0.f;
   if (has_early) {
-    const int64_t n = block_n0 + tid % block_cols;
-    if (accumulate) y_early = to_f32(y[int64_t(tid / block_cols) * ldy + n]);
+    const int64_t n = block_n0 + threadIdx.x % block_cols;
+    if (accumulate) y_early = to_f32(y[int64_t(threadIdx.x / block_cols) * ldy + n]);
     nw_early = norm.norm_w[n];
   }
 
@@ -200,8 +188,7 @@ __global__ void __launch_bounds__(V * kWarps * 32, 2 / V)
   // the first weight batch is in flight: after the main loop it made a DFlash step 0.15-0.17 ms
   // slower, H200 2026-11-30).
   __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv)
-    if (sub == 0) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
+  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
 
   if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
@@ -258,15 +245,13 @@ __global__ void __launch_bounds__(V * kWarps * 32, 2 / V)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) part[sub * kWarps + warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
+      for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
   __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
   constexpr int kMaxBlockCols = kWarps * kCols;
-  __shared__ float sq_v[V][EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
-  auto& sq = sq_v[sub];
-  float (*const part_v)[MT * 16][kRows] = part + sub * kWarps;
-  for (int i = tid; i < M * block_cols; i += V == 1 ? blockDim.x : unsigned(kWarps * 32)) {
+  __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
+  for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
     const int m = i / block_cols, col = i % block_cols;
     const int64_t n = block_n0 + col;
     if (n >= NO) {
@@ -274,18 +259,18 @@ __global__ void __launch_bounds__(V * kWarps * 32, 2 / V)
       continue;
     }
     const int grp = col / kCols, r = col % kCols;
-    float sum = part_v[grp][m][r];
-    for (int s = 1; s < S; ++s) sum += part_v[s * G + grp][m][r];
+    float sum = part[grp][m][r];
+    for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
     if constexpr (EPI == kEpiScaleInv) sum *= inv_rms[m];
     Out* dst = y + int64_t(m) * ldy + n;
     if constexpr (PAIR) {
-      float up = part_v[grp][m][8 + r];
-      for (int s = 1; s < S; ++s) up += part_v[s * G + grp][m][8 + r];
+      float up = part[grp][m][8 + r];
+      for (int s = 1; s < S; ++s) up += part[s * G + grp][m][8 + r];
       if constexpr (EPI == kEpiScaleInv) up *= inv_rms[m];
       *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
                                         __bfloat162float(__float2bfloat16_rn(up))));
     } else {
-      const bool early = has_early && i == int(tid);
+      const bool early = has_early && i == int(threadIdx.x);
       const float v = accumulate ? (early ? y_early : to_f32(*dst)) + sum : sum;
       *dst = from_f32<Out>(v);
       if constexpr (EPI == kEpiEmitNorm) {
@@ -298,12 +283,11 @@ __global__ void __launch_bounds__(V * kWarps * 32, 2 / V)
   // columns, the fixed butterfly): one partial per (row, block), whatever M is.
   if constexpr (EPI == kEpiEmitNorm) {
     __syncthreads();
-    // (A launched block's last sub-block past the weight's blocks has no partial to write.)
-    for (int m = warp; m < M && (V == 1 || block_n0 < NO); m += kWarps) {
+    for (int m = warp; m < M; m += kWarps) {
       float ss = 0.f;
       for (int col = lane; col < block_cols; col += 32) ss += sq[m][col];
       ss = warp_sum(ss);
-      if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + vblock] = ss;
+      if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + blockIdx.x] = ss;
     }
   }
   mark.exit();
@@ -545,15 +529,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // block, as before the tenth pass, and DFLASH_SKINNY_PERSIST=0 launches a block a tile even
 // where there are more tiles than slots (as before the eighteenth pass), =1 has the
 // persistent kernel's blocks take their tiles in a fixed stride instead of from the counter;
-// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape (measuring only);
-// DFLASH_SKINNY_WIDE=1 launches the products of up to 16 rows that are not persistent and not
-// gate/up pairs as blocks of two (skinny_mma_kernel's V; the same bits; measuring only).
+// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape (measuring only).
 struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
   int sms = 0;
-  bool prewait = true, early_y = true, wide = false;
+  bool prewait = true, early_y = true;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
 };
@@ -580,7 +562,6 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
-    if (const char* e = std::getenv("DFLASH_SKINNY_WIDE"); e && std::string(e) == "1") m.wide = true;
     // "N:K=S,…": the K slices of the weight of that shape (a power of two up to 8), instead of
     // the wave rule's; a malformed item is ignored.
     if (const char* e = std::getenv("DFLASH_SKINNY_SLICES")) {
@@ -670,15 +651,6 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
                   s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y,
                   static_cast<int>(tiles), sched);
     return;
-  }
-  if constexpr (MT == 1 && !PAIR) {
-    if (ms.wide) {
-      default_carveout<skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, 2>>(kSkinnyCarveout, "matmul (skinny)");
-      launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, 2>, unsigned((tiles + 1) / 2),
-                    2 * kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm,
-                    prewait, ms.early_y);
-      return;
-    }
   }
   if constexpr (MT == 1) default_carveout<skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>>(kSkinnyCarveout, "matmul (skinny)");
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
