@@ -34,10 +34,10 @@ class RecordingRule {
   // and the device seconds it ran.
   void measured(double waited_seconds, double run_seconds);
 
-  int64_t recorded() const { return recorded_; }
+  // Recordings launched so far, of every row count.
+  int64_t recorded() const;
 
  private:
-  int64_t recorded_ = 0;
   int late_in_a_row_ = 0;
   int rows_ = 0;
   std::map<int, int64_t> launches_;  // by row count

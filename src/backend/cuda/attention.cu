@@ -270,8 +270,8 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
 // bytes) the mma fragments' rows g = lane / 4 all fall on the same banks, so each score store and
 // each probability load of P·V was an 8-way bank conflict (4-way a half-warp for the 64-bit
 // loads); 8 floats of padding put a half-warp's four rows on disjoint banks, and the scores are
-// stored as float2. The same numbers in the same order (H200, thirtieth pass: a step 0.9 %
-// shorter at 4096 cached rows, level at 512; docs/benchmarks.md).
+// stored as float2. The same numbers in the same order (H200, thirtieth pass: a step 0.9 % and
+// 1.9 % shorter at 4096 cached rows in two calls, level at 512; docs/benchmarks.md).
 constexpr int kScoreRow = kChunk + 8;
 
 // Shared memory of one tensor-core split block: K and V as in split_chunk, then the queries as
@@ -664,14 +664,13 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       a.rows_per_block = static_cast<int>(rows);
       const int64_t row_tiles = (T + rows - 1) / rows;
       const int nq = a.rows_per_block * a.heads_per_block;
+      const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
+      // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
       static const int warps = [] {
         const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
         const int w = e ? std::atoi(e) : 0;
         return w == 4 ? w : kSplitWarps;
       }();
-      // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
-      const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq)
-                                : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       static const int64_t sms = sm_count("attention");
       const int64_t blocks = nc * hkv * row_tiles * a.head_tiles;
       const SplitCarveout carveout = warps != 8 ? kCarveoutDriver
