@@ -399,6 +399,66 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
   }
 }
 
+// The 16-row products at the target's shapes (N = 4096 and 6144 columns, K split into 8 or 4
+// equal slices): where DFLASH_SKINNY_MULTICAST names a cluster size these blocks run through the
+// multicast kernel (x copied into a cluster's shared memory) and a row alone through the one-tile
+// kernel, so every row of a block, of 16 rows and of 5 (rows past M zeros from the copy), must
+// equal the row alone bit for bit: the plain product, the o-like and down-like residual products
+// emitting the next norm, and a q/k/v-like product consuming it.
+TEST(CudaSkinny, TargetShapedBlocksEqualRowsAlone) {
+  REQUIRE_GPU(backend);
+  Backend& b = *backend;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto tensor = [&](int64_t rows, int64_t cols, float scale, DType dt) {
+    std::vector<float> h(size_t(rows * cols));
+    for (auto& x : h) x = scale * nd(rng);
+    return upload_as(b, h.data(), rows, cols, dt);
+  };
+  const int64_t H = 4096, I = 12288, Q = 6144;
+  const Tensor wo = tensor(H, H, 0.02f, DType::BF16), wd = tensor(H, I, 0.02f, DType::BF16);
+  const Tensor wq = tensor(Q, H, 0.02f, DType::BF16), nw = tensor(1, H, 1.f, DType::F32);
+  for (const int64_t M : {16, 5}) {
+    const std::string rows = std::to_string(M) + " rows: ";
+    {
+      const Tensor x = tensor(M, H, 1.f, DType::BF16);
+      Tensor y = b.alloc(M, H, DType::F32);
+      b.matmul(x, wo, y);
+      const auto block = download(b, y);
+      for (int64_t m = 0; m < M; ++m) {
+        Tensor y1 = b.alloc(1, H, DType::F32);
+        b.matmul(x.slice_rows(m, 1), wo, y1);
+        EXPECT_EQ(std::memcmp(download(b, y1).data(), block.data() + m * H, H * sizeof(float)), 0)
+            << rows << "matmul 4096 x 4096, row " << m;
+      }
+    }
+    for (const bool down : {false, true}) {
+      const Tensor& w = down ? wd : wo;
+      const Tensor a = tensor(M, w.cols, 1.f, DType::BF16), x0 = tensor(M, H, 1.f, DType::F32);
+      // The residual (with the emitted h) and the consuming product's output, for rows first … first + n.
+      auto chain = [&](int64_t first, int64_t n) {
+        Tensor x = b.alloc(n, H, DType::F32);
+        b.copy(x0.slice_rows(first, n), x);
+        NormedRows normed;
+        normed.h = b.alloc(n, H, b.activation_dtype());
+        b.matmul_add_norm(a.slice_rows(first, n), w, x, nw, 1e-6f, normed);
+        Tensor y = b.alloc(n, Q, DType::F32);
+        b.matmul_normed(normed, wq, y);
+        return std::make_pair(download(b, x), download(b, y));
+      };
+      const auto [xs, ys] = chain(0, M);
+      const std::string what = rows + (down ? "down-like" : "o-like");
+      for (int64_t m = 0; m < M; ++m) {
+        const auto [x1, y1] = chain(m, 1);
+        EXPECT_EQ(std::memcmp(x1.data(), xs.data() + m * H, H * sizeof(float)), 0)
+            << what << " residual + norm, row " << m;
+        EXPECT_EQ(std::memcmp(y1.data(), ys.data() + m * Q, Q * sizeof(float)), 0)
+            << what << " then the normed 6144-column product, row " << m;
+      }
+    }
+  }
+}
+
 // The skinny products reading a weight's pre-tiled copy (DFLASH_CUDA_TILED_WEIGHTS=1) against
 // the same products reading the checkpoint's layout, on two backends given the same values: a
 // plain product (a partial last n8 tile, and more tiles than resident blocks), the residual
