@@ -64,10 +64,17 @@ __device__ __forceinline__ void mbarrier_init_fence() {
 #endif
 }
 
+// The arrivals below are relaxed: a release would first wait for the arriving thread's loads in
+// flight, and the multicast kernel's arriving threads stream weights (a release behind 16-byte
+// loads costs a loaded-memory round trip, docs/cuda.md What remains item 0; with release arrivals
+// a DFlash step took 10.36 against 5.92 ms, H200 2026-12-02). Nothing they publish needs it: the
+// data comes through the copies' own completion, and a warp arrives on `empty` after the mma's
+// that read its stage have issued, so after those reads have returned.
+//
 // This block's arrival on its own barrier, announcing `bytes` of copies that will complete on it.
 __device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, unsigned bytes) {
 #ifdef DFLASH_CLUSTER_COPY
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.relaxed.cta.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
                : "memory");
 #else
   (void)bar, (void)bytes;
@@ -81,7 +88,7 @@ __device__ __forceinline__ void mbarrier_arrive_in(uint64_t* bar, unsigned rank)
   asm volatile(
       "{\n\t.reg .b32 remote;\n\t"
       "mapa.shared::cluster.u32 remote, %0, %1;\n\t"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}" ::"r"(smem_addr(bar)),
+      "mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [remote];\n\t}" ::"r"(smem_addr(bar)),
       "r"(rank)
       : "memory");
 #else

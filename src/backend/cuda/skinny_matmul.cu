@@ -381,14 +381,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 //
 // Pacing: full[st] completes when a stage's S KB have landed in this block (its own arrival
 // announces them); empty[st] counts the kWarps·C warps of the cluster done with it. Thread 0
-// refills a stage for chunk j − 1 + stages once every warp of the cluster is done with chunk
-// j − 1, after its own warp's chunk j, so a slow warp elsewhere holds it one chunk late.
+// refills a stage for chunk j − lag + stages once every warp of the cluster is done with chunk
+// j − lag, after its own warp's chunk j, so a slow warp elsewhere holds it `lag` chunks late.
 template <typename Out, int EPI>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_multicast_kernel(const __grid_constant__ CUtensorMap xmap, const __nv_bfloat16* __restrict__ w,
                                 int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S,
                                 bool accumulate, const SkinnyNorm norm, bool w_uploaded, bool early_y, int cluster,
-                                int stages) {
+                                int stages, int lag) {
   constexpr int MT = 1, NT = 2, U = 8 / NT, kCols = NT * 8;
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
@@ -488,9 +488,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       }
       __syncwarp();
       if (lane < cluster) mbarrier_arrive_in(&empty[st], unsigned(lane));
-      if (threadIdx.x == 0 && j >= 1 && j - 1 + stages < cs) {
-        mbarrier_wait<true>(&empty[(j - 1) % stages], unsigned((j - 1) / stages) & 1u);
-        issue(j - 1 + stages);
+      if (threadIdx.x == 0 && j >= lag && j - lag + stages < cs) {
+        mbarrier_wait<true>(&empty[(j - lag) % stages], unsigned((j - lag) / stages) & 1u);
+        issue(j - lag + stages);
       }
       __syncwarp();
     }
@@ -782,7 +782,7 @@ bool multicast_available() {
 // DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape (measuring only);
 // DFLASH_SKINNY_MULTICAST=C (2, 4 or 8) runs blocks of rows through the multicast kernel in
 // clusters of C blocks where it applies (multicast_applies), DFLASH_SKINNY_MC_STAGES=n gives its
-// ring n stages (measuring).
+// ring n stages, DFLASH_SKINNY_MC_LAG=l has its refills wait for chunk j − l (measuring).
 struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
@@ -793,6 +793,7 @@ struct MmaSettings {
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
   int multicast = 0;                          // blocks a cluster of the multicast kernel; 0: not used
   int multicast_stages = 4;                   // x stages in its ring
+  int multicast_lag = 1;                      // chunks between a warp's chunk and the refill it waits for
 };
 
 const MmaSettings& mma_settings() {
@@ -822,6 +823,7 @@ const MmaSettings& mma_settings() {
       m.multicast = (c == 2 || c == 4 || c == 8) && multicast_available() ? c : 0;
     }
     if (const char* e = std::getenv("DFLASH_SKINNY_MC_STAGES"); e && std::atoi(e) >= 2) m.multicast_stages = std::atoi(e);
+    if (const char* e = std::getenv("DFLASH_SKINNY_MC_LAG"); e && std::atoi(e) >= 1) m.multicast_lag = std::atoi(e);
     // "N:K=S,…": the K slices of the weight of that shape (a power of two up to 8), instead of
     // the wave rule's; a malformed item is ignored.
     if (const char* e = std::getenv("DFLASH_SKINNY_SLICES")) {
@@ -936,7 +938,7 @@ void launch_multicast(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* 
   default_carveout<skinny_mma_multicast_kernel<Out, EPI>>(per_sm <= 64 * 1024 ? 25 : 44, "matmul (skinny mc)");
   launch_kernel_clustered("matmul (skinny mc)", skinny_mma_multicast_kernel<Out, EPI>, unsigned(tiles), kWarps * 32,
                           smem, unsigned(C), s, map, w, ldw, y, ldy, M, N, K, S, accumulate, norm, prewait,
-                          ms.early_y, C, stages);
+                          ms.early_y, C, stages, std::min(ms.multicast_lag, stages - 1));
 }
 
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
