@@ -32,7 +32,8 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMulticastRingOffset = 128;  // the multicast kernel's barriers, then its ring of x stages
+constexpr int kMulticastRingOffset = 256;  // the multicast kernel's barriers, then its ring of x stages
+constexpr int kMulticastMaxStages = 16;    // their 32 barriers fill the 256 bytes
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core kernel.
@@ -900,10 +901,9 @@ constexpr int kSkinnyCarveout = 25;
 // The multicast kernel where it computes what skinny_mma_kernel would: blocks of rows (a row alone
 // gains nothing from it), K in equal slices, each rank a whole number of them, whole clusters,
 // and a ring that holds the epilogue's sums.
-// Stages of S KB within the 48 KB a block gets without asking for more, and at most 8 (their 16
-// barriers fill the 128 bytes before the ring).
+// Stages of S KB, two blocks an SM in its 227 KB.
 int multicast_stages(int S, const MmaSettings& ms) {
-  return std::min({ms.multicast_stages, (48 * 1024 - kMulticastRingOffset) / (S * 1024), 8});
+  return std::min({ms.multicast_stages, (113 * 1024 - kMulticastRingOffset) / (S * 1024), kMulticastMaxStages});
 }
 bool multicast_applies(int M, int K, int S, int64_t tiles, const MmaSettings& ms) {
   const int C = ms.multicast;
@@ -932,10 +932,21 @@ void launch_multicast(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* 
   if (r != CUDA_SUCCESS)
     throw Error("cuda matmul (skinny mc): cuTensorMapEncodeTiled failed with " + std::to_string(int(r)) + " for x of " +
                 std::to_string(M) + " rows, K " + std::to_string(K) + ", row stride " + std::to_string(ldx));
-  // Two blocks an SM in the smallest carveout that holds them (25 % or 44 %: the sizes the other
-  // kernels ask for), set on the first launch.
+  // Two blocks an SM in the smallest carveout that holds them (25 % where that does: the size the
+  // other products ask for), set on the first launch, as is the dynamic shared memory allowed
+  // (the largest stages, S = 8, of this setting).
   const size_t per_sm = 2 * (smem + 1024 + 64);
-  default_carveout<skinny_mma_multicast_kernel<Out, EPI>>(per_sm <= 64 * 1024 ? 25 : 44, "matmul (skinny mc)");
+  const int percent = std::max(25, int((per_sm * 100 + 228 * 1024 - 1) / (228 * 1024)));
+  static const bool sized = [&] {
+    const int most = kMulticastRingOffset + multicast_stages(8, ms) * 8 * 1024;
+    if (most > 48 * 1024)
+      check(cudaFuncSetAttribute(skinny_mma_multicast_kernel<Out, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 most),
+            "matmul (skinny mc)", "cudaFuncSetAttribute (shared memory)");
+    return true;
+  }();
+  (void)sized;
+  default_carveout<skinny_mma_multicast_kernel<Out, EPI>>(percent, "matmul (skinny mc)");
   launch_kernel_clustered("matmul (skinny mc)", skinny_mma_multicast_kernel<Out, EPI>, unsigned(tiles), kWarps * 32,
                           smem, unsigned(C), s, map, w, ldw, y, ldy, M, N, K, S, accumulate, norm, prewait,
                           ms.early_y, C, stages, std::min(ms.multicast_lag, stages - 1));
