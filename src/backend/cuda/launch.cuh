@@ -91,36 +91,22 @@ void default_carveout(int percent, const char* op) {
   (void)set;
 }
 
-// `cluster` > 1: the grid as thread-block clusters of that many blocks along x.
 template <typename... Params, typename... Args>
-void launch_kernel_clustered(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                             unsigned cluster, cudaStream_t s, Args&&... args) {
+void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
   if (op_listed(OpList::NoOp, op)) return;
   if (const std::optional<int> c = carveout_for(op)) apply_carveout(reinterpret_cast<const void*>(kernel), *c, op);
-  cudaLaunchAttribute attrs[2]{};
-  unsigned n = 0;
-  if (pdl_enabled() && !op_listed(OpList::PdlSkip, op)) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n++].val.clusterDim = {cluster, 1, 1};
-  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() && !op_listed(OpList::PdlSkip, op) ? 1 : 0;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, "kernel launch");
-}
-
-template <typename... Params, typename... Args>
-void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   Args&&... args) {
-  launch_kernel_clustered(op, kernel, grid, block, smem, 1, s, std::forward<Args>(args)...);
 }
 
 }  // namespace dflash::cuda

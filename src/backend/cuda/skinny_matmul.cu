@@ -15,14 +15,12 @@
 // rows must not go through it while plain decoding rows go through this file.
 #include <algorithm>
 #include <cstdio>
-#include <cudaTypedefs.h>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
 #include <type_traits>
 
-#include "backend/cuda/cluster_copy.cuh"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
@@ -32,8 +30,6 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMulticastRingOffset = 256;  // the multicast kernel's barriers, then its ring of x stages
-constexpr int kMulticastMaxStages = 16;    // their 32 barriers fill the 256 bytes
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core kernel.
@@ -113,77 +109,6 @@ __device__ __forceinline__ void point_weight_rows(const uint4* (&wrow)[NT], cons
       int64_t n = first + nt * 8 + g;
       if constexpr (PAIR) n = first + g < NO ? nt * NO + first + g : N - 1;
       wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
-    }
-  }
-}
-
-// The block's outputs from its warps' accumulators, as skinny_mma_kernel's epilogue computes them:
-// the warps' partial sums meet in `part`, each output adds its K slices in slice order, and the
-// epilogue stores y (and, emitting a norm, h and the block's partial Σ y² through `sq`). The
-// multicast kernel calls it; skinny_mma_kernel keeps its own copy of these lines, since calling
-// this made five of its emitting instantiations longer by up to 24 instructions (sm_90 cubins
-// compared, 2026-12-02), and a changed schedule there has cost plain decode before.
-template <int MT, int NT>
-using PartSums = float[kWarps][MT * 16][NT * 8];
-template <int MT, int NT, int EPI, bool PAIR>
-using SquareSums = float[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kWarps * (PAIR ? 8 : NT * 8) : 1];
-
-template <int MT, int NT, typename Out, int EPI, bool PAIR>
-__device__ __forceinline__ void store_block_tile(const float (&acc)[MT][NT][4], PartSums<MT, NT>& part,
-                                                 SquareSums<MT, NT, EPI, PAIR>& sq, const float* inv_rms, Out* __restrict__ y,
-                                                 int64_t ldy, int M, int64_t NO, int64_t block_n0, int block_cols,
-                                                 int G, int S, bool accumulate, const SkinnyNorm norm,
-                                                 bool has_early, float y_early, float nw_early) {
-  constexpr int kCols = PAIR ? 8 : NT * 8;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  // Accumulator fragment: rows g and g+8 of the m16 tile, columns 2t and 2t+1 of the n8 tile.
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
-  __syncthreads();
-
-  // Consecutive threads take consecutive columns of one row of y: coalesced stores.
-  for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
-    const int m = i / block_cols, col = i % block_cols;
-    const int64_t n = block_n0 + col;
-    if (n >= NO) {
-      if constexpr (EPI == kEpiEmitNorm) sq[m][col] = 0.f;
-      continue;
-    }
-    const int grp = col / kCols, r = col % kCols;
-    float sum = part[grp][m][r];
-    for (int s = 1; s < S; ++s) sum += part[s * G + grp][m][r];
-    if constexpr (EPI == kEpiScaleInv) sum *= inv_rms[m];
-    Out* dst = y + int64_t(m) * ldy + n;
-    if constexpr (PAIR) {
-      float up = part[grp][m][8 + r];
-      for (int s = 1; s < S; ++s) up += part[s * G + grp][m][8 + r];
-      if constexpr (EPI == kEpiScaleInv) up *= inv_rms[m];
-      *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
-                                        __bfloat162float(__float2bfloat16_rn(up))));
-    } else {
-      const bool early = has_early && i == int(threadIdx.x);
-      const float v = accumulate ? (early ? y_early : to_f32(*dst)) + sum : sum;
-      *dst = from_f32<Out>(v);
-      if constexpr (EPI == kEpiEmitNorm) {
-        norm.h[int64_t(m) * norm.ldh + n] = __float2bfloat16_rn((early ? nw_early : norm.norm_w[n]) * v);
-        sq[m][col] = v * v;
-      }
-    }
-  }
-  // Σ y² of each row over the block's columns, in column order (warp per row, lanes over
-  // columns, the fixed butterfly): one partial per (row, block), whatever M is.
-  if constexpr (EPI == kEpiEmitNorm) {
-    __syncthreads();
-    for (int m = warp; m < M; m += kWarps) {
-      float ss = 0.f;
-      for (int col = lane; col < block_cols; col += 32) ss += sq[m][col];
-      ss = warp_sum(ss);
-      if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + blockIdx.x] = ss;
     }
   }
 }
@@ -365,149 +290,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + blockIdx.x] = ss;
     }
   }
-  mark.exit();
-}
-
-// skinny_mma_kernel for blocks of rows (one m16 tile, two n8 tiles a warp, K split into S equal
-// slices), with x read once a cluster instead of once a block. Why: at 16 rows a block reads as
-// many bytes of x from L2 as of its weight (every block needs all of x), and at 16 rows the o and
-// down products stream at 64 % and 76 % of the copy figure against 76 % and 92 % at one row
-// (docs/benchmarks.md, thirtieth pass). The C blocks of a cluster take neighbouring columns, so
-// they need the same x: chunk j of every slice (32 elements of K, all 16 rows: S KB) is a stage
-// of a ring in each block's shared memory, and block r of the cluster copies the slices r·S/C …
-// of it into every block at once (TMA multicast, rows past M filled with zeros by the copy).
-// Each warp reads its slice's A fragments from the stage instead of from L1, so the same values
-// meet the same mma's in the same order: the same bits as skinny_mma_kernel, which is why the
-// choice between the two may depend on M.
-//
-// Pacing: full[st] completes when a stage's S KB have landed in this block (its own arrival
-// announces them); empty[st] counts the kWarps·C warps of the cluster done with it. Thread 0
-// refills a stage for chunk j − lag + stages once every warp of the cluster is done with chunk
-// j − lag, after its own warp's chunk j, so a slow warp elsewhere holds it `lag` chunks late.
-template <typename Out, int EPI>
-__global__ void __launch_bounds__(kWarps * 32, 2)
-    skinny_mma_multicast_kernel(const __grid_constant__ CUtensorMap xmap, const __nv_bfloat16* __restrict__ w,
-                                int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S,
-                                bool accumulate, const SkinnyNorm norm, bool w_uploaded, bool early_y, int cluster,
-                                int stages, int lag) {
-  constexpr int MT = 1, NT = 2, U = 8 / NT, kCols = NT * 8;
-  extern __shared__ __align__(128) unsigned char smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
-  uint64_t* empty = full + stages;
-  unsigned char* ring = smem + kMulticastRingOffset;
-  const int stage_bytes = S * 16 * 64, part_bytes = stage_bytes / cluster;  // a rank's box: S/C slices
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int G = kWarps / S;
-  const int group = warp % G, slice = warp / G;
-  const int64_t block_n0 = int64_t(blockIdx.x) * G * kCols;
-  const int64_t n0 = block_n0 + int64_t(group) * kCols;
-  const int cs = K / 32 / S;  // chunks a slice (the host sends only equal slices)
-  const int c_begin = slice * cs;
-  const unsigned rank = cluster_rank();
-
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < stages; ++st) {
-      mbarrier_init(&full[st], 1);
-      mbarrier_init(&empty[st], kWarps * cluster);
-    }
-    mbarrier_init_fence();
-  }
-  cluster_arrive();  // no block may copy into another before that one's barriers exist
-
-  float acc[MT][NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[0][nt][i] = 0.f;
-
-  const uint4* wrow[NT];
-  point_weight_rows<NT, false, false>(wrow, w, ldw, n0, N, N, K, lane);
-  const int c_last = c_begin + cs - 1;
-  uint4 cur[U][NT], next[U][NT];
-  auto load = [&](uint4 (&dst)[U][NT], int c) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int cu = c + u < c_last ? c + u : c_last;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + 4 * cu);
-    }
-  };
-  const bool active = n0 < N;  // warp-uniform; an idle warp still paces the ring
-  if (w_uploaded && active) load(cur, c_begin);
-  const TimelineMark mark = grid_dependency_begin();
-  mark.shape(N, K, M);
-  if (!w_uploaded && active) load(cur, c_begin);
-  cluster_wait();
-
-  const int slices_a_rank = S / cluster;
-  auto issue = [&](int j) {  // thread 0: this rank's share of chunk j, into every block
-    const int st = j % stages;
-    mbarrier_expect_bytes(&full[st], stage_bytes);
-    tma_load_3d_multicast(ring + st * stage_bytes + rank * part_bytes, &xmap, j * 32, int(rank) * slices_a_rank, 0,
-                          &full[st], uint16_t((1u << cluster) - 1));
-  };
-  if (threadIdx.x == 0)
-    for (int j = 0; j < stages && j < cs; ++j) issue(j);
-
-  const int block_cols = G * kCols;
-  const bool has_early = EPI == kEpiEmitNorm && early_y && int(threadIdx.x) < M * block_cols &&
-                         block_n0 + threadIdx.x % block_cols < N;
-  float y_early = 0.f, nw_early = 0.f;
-  if (has_early) {
-    const int64_t n = block_n0 + threadIdx.x % block_cols;
-    if (accumulate) y_early = to_f32(y[int64_t(threadIdx.x / block_cols) * ldy + n]);
-    nw_early = norm.norm_w[n];
-  }
-  __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
-
-  // Where this warp's rows g and g + 8 of its slice lie in a stage: in rank r's box, row-major
-  // over (row, slice of the box), 64 bytes a (row, slice).
-  const int row_bytes = slices_a_rank * 64;
-  const int x_offset = (slice / slices_a_rank) * part_bytes + (slice % slices_a_rank) * 64 + t * 16;
-  for (int c = 0; c < cs; c += U) {
-    if (active && c + U < cs) load(next, c_begin + c + U);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = c + u;
-      if (j >= cs) break;
-      const int st = j % stages;
-      mbarrier_wait<false>(&full[st], unsigned(j / stages) & 1u);
-      __syncwarp();  // the mma's below are warp-wide
-      const unsigned char* xs = ring + st * stage_bytes + x_offset;
-      const uint4 lo = *reinterpret_cast<const uint4*>(xs + g * row_bytes);
-      const uint4 hi = *reinterpret_cast<const uint4*>(xs + (g + 8) * row_bytes);
-      if (active) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint4 b = cur[u][nt];
-          mma_bf16_16x8x16(acc[0][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-          mma_bf16_16x8x16(acc[0][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
-        }
-      }
-      __syncwarp();
-      if (lane < cluster) mbarrier_arrive_in(&empty[st], unsigned(lane));
-      if (threadIdx.x == 0 && j >= lag && j - lag + stages < cs) {
-        mbarrier_wait<true>(&empty[(j - lag) % stages], unsigned((j - lag) / stages) & 1u);
-        issue(j - lag + stages);
-      }
-      __syncwarp();
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) cur[u][nt] = next[u][nt];
-  }
-  cluster_arrive();  // this block's arrivals in the others are done
-  __syncthreads();   // and its warps are done with the ring, which now holds the epilogue's sums
-
-  auto& part = *reinterpret_cast<PartSums<MT, NT>*>(ring);
-  auto& sq = *reinterpret_cast<SquareSums<MT, NT, EPI, false>*>(ring + sizeof(PartSums<MT, NT>));
-  store_block_tile<MT, NT, Out, EPI, false>(acc, part, sq, inv_rms, y, ldy, M, N, block_n0, block_cols, G, S,
-                                            accumulate, norm, has_early, y_early, nw_early);
-  cluster_wait();  // no block leaves while another may still arrive in it
   mark.exit();
 }
 
@@ -736,39 +518,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   mark.exit();
 }
 
-// The multicast kernel exists in this binary (CMake defines DFLASH_CUDA_SM90A when sm_90a code is
-// built) for this device (compute capability 9.0 runs the sm_90a code), and the driver encodes
-// tensor maps.
-using TensorMapEncoder = PFN_cuTensorMapEncodeTiled_v12000;
-TensorMapEncoder tensor_map_encoder() {
-  static const TensorMapEncoder encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<TensorMapEncoder>(fn);
-  }();
-  return encode;
-}
-bool multicast_available() {
-#ifdef DFLASH_CUDA_SM90A
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0 && tensor_map_encoder() != nullptr;
-#else
-  return false;
-#endif
-}
-
 // Process-wide settings, read once (so they can never split a row alone from the same row in a
 // block). Tensor cores are used when the kernel exists in this binary for this device: a build
 // whose only PTX predates sm_80 (CMake's default CUDA architecture on some toolkits) has it
@@ -780,10 +529,7 @@ bool multicast_available() {
 // block, as before the tenth pass, and DFLASH_SKINNY_PERSIST=0 launches a block a tile even
 // where there are more tiles than slots (as before the eighteenth pass), =1 has the
 // persistent kernel's blocks take their tiles in a fixed stride instead of from the counter;
-// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape (measuring only);
-// DFLASH_SKINNY_MULTICAST=C (2, 4 or 8) runs blocks of rows through the multicast kernel in
-// clusters of C blocks where it applies (multicast_applies), DFLASH_SKINNY_MC_STAGES=n gives its
-// ring n stages, DFLASH_SKINNY_MC_LAG=l has its refills wait for chunk j − l (measuring).
+// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape (measuring only).
 struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
@@ -792,9 +538,6 @@ struct MmaSettings {
   bool prewait = true, early_y = true;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
-  int multicast = 0;                          // blocks a cluster of the multicast kernel; 0: not used
-  int multicast_stages = 4;                   // x stages in its ring
-  int multicast_lag = 1;                      // chunks between a warp's chunk and the refill it waits for
 };
 
 const MmaSettings& mma_settings() {
@@ -819,12 +562,6 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
-    if (const char* e = std::getenv("DFLASH_SKINNY_MULTICAST"); e && *e) {
-      const int c = std::atoi(e);
-      m.multicast = (c == 2 || c == 4 || c == 8) && multicast_available() ? c : 0;
-    }
-    if (const char* e = std::getenv("DFLASH_SKINNY_MC_STAGES"); e && std::atoi(e) >= 2) m.multicast_stages = std::atoi(e);
-    if (const char* e = std::getenv("DFLASH_SKINNY_MC_LAG"); e && std::atoi(e) >= 1) m.multicast_lag = std::atoi(e);
     // "N:K=S,…": the K slices of the weight of that shape (a power of two up to 8), instead of
     // the wave rule's; a malformed item is ignored.
     if (const char* e = std::getenv("DFLASH_SKINNY_SLICES")) {
@@ -898,60 +635,6 @@ int64_t persistent_slots() {
 // bits either way.
 constexpr int kSkinnyCarveout = 25;
 
-// The multicast kernel where it computes what skinny_mma_kernel would: blocks of rows (a row alone
-// gains nothing from it), K in equal slices, each rank a whole number of them, whole clusters,
-// and a ring that holds the epilogue's sums.
-// Stages of S KB, two blocks an SM in its 227 KB.
-int multicast_stages(int S, const MmaSettings& ms) {
-  return std::min({ms.multicast_stages, (113 * 1024 - kMulticastRingOffset) / (S * 1024), kMulticastMaxStages});
-}
-bool multicast_applies(int M, int K, int S, int64_t tiles, const MmaSettings& ms) {
-  const int C = ms.multicast;
-  return C > 1 && M >= 2 && S % C == 0 && (K / 32) % S == 0 && tiles % C == 0 &&
-         multicast_stages(S, ms) * S * 1024 >= int(sizeof(PartSums<1, 2>) + sizeof(SquareSums<1, 2, kEpiEmitNorm, false>));
-}
-
-template <typename Out, int EPI>
-void launch_multicast(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t ldw, Out* y, int64_t ldy,
-                      int M, int N, int K, int S, int tiles, bool accumulate, bool prewait, const SkinnyNorm& norm,
-                      cudaStream_t s) {
-  const MmaSettings& ms = mma_settings();
-  const int C = ms.multicast, stage_bytes = S * 16 * 64, stages = multicast_stages(S, ms);
-  const size_t smem = kMulticastRingOffset + size_t(stages) * stage_bytes;
-  // x as [rows][slice][element of the slice], so that one box is a chunk of some slices, all 16
-  // rows (rows past M read as zeros).
-  const int chunks_a_slice = K / 32 / S;
-  CUtensorMap map;
-  const cuuint64_t dims[3] = {cuuint64_t(chunks_a_slice) * 32, cuuint64_t(S), cuuint64_t(M)};
-  const cuuint64_t strides[2] = {cuuint64_t(chunks_a_slice) * 64, cuuint64_t(ldx) * 2};
-  const cuuint32_t box[3] = {32, cuuint32_t(S / C), 16}, element_strides[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(x),
-                                          dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw Error("cuda matmul (skinny mc): cuTensorMapEncodeTiled failed with " + std::to_string(int(r)) + " for x of " +
-                std::to_string(M) + " rows, K " + std::to_string(K) + ", row stride " + std::to_string(ldx));
-  // Two blocks an SM in the smallest carveout that holds them (25 % where that does: the size the
-  // other products ask for), set on the first launch, as is the dynamic shared memory allowed
-  // (the largest stages, S = 8, of this setting).
-  const size_t per_sm = 2 * (smem + 1024 + 64);
-  const int percent = std::max(25, int((per_sm * 100 + 228 * 1024 - 1) / (228 * 1024)));
-  static const bool sized = [&] {
-    const int most = kMulticastRingOffset + multicast_stages(8, ms) * 8 * 1024;
-    if (most > 48 * 1024)
-      check(cudaFuncSetAttribute(skinny_mma_multicast_kernel<Out, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 most),
-            "matmul (skinny mc)", "cudaFuncSetAttribute (shared memory)");
-    return true;
-  }();
-  (void)sized;
-  default_carveout<skinny_mma_multicast_kernel<Out, EPI>>(percent, "matmul (skinny mc)");
-  launch_kernel_clustered("matmul (skinny mc)", skinny_mma_multicast_kernel<Out, EPI>, unsigned(tiles), kWarps * 32,
-                          smem, unsigned(C), s, map, w, ldw, y, ldy, M, N, K, S, accumulate, norm, prewait,
-                          ms.early_y, C, stages, std::min(ms.multicast_lag, stages - 1));
-}
-
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
@@ -968,13 +651,6 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
                   s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y,
                   static_cast<int>(tiles), sched);
     return;
-  }
-  if constexpr (MT == 1 && NT == 2 && !PAIR && !TILED) {
-    if (multicast_applies(M, K, S, tiles, ms)) {
-      launch_multicast<Out, EPI>(xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, int(tiles), accumulate,
-                                 prewait, norm, s);
-      return;
-    }
   }
   if constexpr (MT == 1) default_carveout<skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>>(kSkinnyCarveout, "matmul (skinny)");
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
