@@ -69,6 +69,19 @@ Tensor upload_as(Backend& b, const float* h, int64_t rows, int64_t cols, DType d
 }
 
 // n values of mean + scale · N(0, 1), each exact in bf16: both backends see the same numbers.
+// Tensors of normal values times `scale` on `b`, drawn in turn from one seeded generator.
+struct RandomTensors {
+  Backend& b;
+  std::mt19937 rng;
+  std::normal_distribution<float> nd{0.f, 1.f};
+  RandomTensors(Backend& backend, unsigned seed) : b(backend), rng(seed) {}
+  Tensor operator()(int64_t rows, int64_t cols, float scale, DType dt) {
+    std::vector<float> h(size_t(rows * cols));
+    for (auto& x : h) x = scale * nd(rng);
+    return upload_as(b, h.data(), rows, cols, dt);
+  }
+};
+
 std::vector<float> bf16_normal(std::mt19937& rng, int64_t n, float mean, float scale) {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> h(static_cast<size_t>(n));
@@ -301,13 +314,7 @@ TEST(CudaQkNormRope, PromptRowsEqualRowsAlone) {
 TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
   REQUIRE_GPU(backend);
   Backend& b = *backend;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto tensor = [&](int64_t rows, int64_t cols, float scale, DType dt) {
-    std::vector<float> h(size_t(rows * cols));
-    for (auto& x : h) x = scale * nd(rng);
-    return upload_as(b, h.data(), rows, cols, dt);
-  };
+  RandomTensors tensor{b, 11};
   auto same_rows = [&](const std::string& what, const std::vector<float>& block, int64_t M, int64_t N,
                        const std::function<std::vector<float>(int64_t)>& alone) {
     for (int64_t m = 0; m < M; ++m) {
@@ -408,13 +415,7 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
 TEST(CudaSkinny, TargetShapedBlocksEqualRowsAlone) {
   REQUIRE_GPU(backend);
   Backend& b = *backend;
-  std::mt19937 rng(12);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto tensor = [&](int64_t rows, int64_t cols, float scale, DType dt) {
-    std::vector<float> h(size_t(rows * cols));
-    for (auto& x : h) x = scale * nd(rng);
-    return upload_as(b, h.data(), rows, cols, dt);
-  };
+  RandomTensors tensor{b, 12};
   const int64_t H = 4096, I = 12288, Q = 6144;
   const Tensor wo = tensor(H, H, 0.02f, DType::BF16), wd = tensor(H, I, 0.02f, DType::BF16);
   const Tensor wq = tensor(Q, H, 0.02f, DType::BF16), nw = tensor(1, H, 1.f, DType::F32);
