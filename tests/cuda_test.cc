@@ -68,7 +68,6 @@ Tensor upload_as(Backend& b, const float* h, int64_t rows, int64_t cols, DType d
   return t;
 }
 
-// n values of mean + scale · N(0, 1), each exact in bf16: both backends see the same numbers.
 // Tensors of normal values times `scale` on `b`, drawn in turn from one seeded generator.
 struct RandomTensors {
   Backend& b;
@@ -82,6 +81,7 @@ struct RandomTensors {
   }
 };
 
+// n values of mean + scale · N(0, 1), each exact in bf16: both backends see the same numbers.
 std::vector<float> bf16_normal(std::mt19937& rng, int64_t n, float mean, float scale) {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> h(static_cast<size_t>(n));
