@@ -113,6 +113,15 @@ __device__ __forceinline__ void point_weight_rows(const uint4* (&wrow)[NT], cons
   }
 }
 
+// Where a warp's walk of its K slice starts (DFLASH_SKINNY_ROTATE="mult:group", measuring
+// only): batch (tile / group · mult) mod batches, then on round the slice. It comes from the tile
+// alone, so a row alone and the same row in a block still see the same chunks in the same order;
+// 0 (off, and always where the slice is not whole batches) is the plain ascending walk.
+__device__ __forceinline__ int rotation_chunks(int64_t tile, int2 rotate, int n, int U) {
+  if (rotate.x == 0 || n <= 0 || n % U != 0) return 0;
+  return int((tile / rotate.y * rotate.x) % (n / U)) * U;
+}
+
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
 // and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
@@ -122,7 +131,7 @@ template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, 
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const SkinnyNorm norm, bool w_uploaded, bool early_y) {
+                      const SkinnyNorm norm, bool w_uploaded, bool early_y, int2 rotate) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -153,6 +162,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
   const int c_last = c_end - 1;
+  const int rot = rotation_chunks(blockIdx.x, rotate, c_end - c_begin, U);
+  // The chunk where logical chunk c of the walk lies (rotate).
+  auto phys = [&](int c) { const int p = c + rot; return p >= c_end ? p - (c_end - c_begin) : p; };
   uint4 cur[U][NT], next[U][NT];
   auto load = [&](uint4 (&dst)[U][NT], int c) {
 #pragma unroll
@@ -165,10 +177,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // An uploaded weight is never written by a kernel, so its first batch may be in flight
   // while the kernel before this one finishes (launch.cuh); anything else waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
-  if (w_uploaded && active) load(cur, c_begin);
+  if (w_uploaded && active) load(cur, phys(c_begin));
   const TimelineMark mark = grid_dependency_begin();
   mark.shape(N, K, M);
-  if (!w_uploaded && active) load(cur, c_begin);
+  if (!w_uploaded && active) load(cur, phys(c_begin));
 
   // The residual products (o_proj, down: emitting the next norm): the residual this thread's
   // first output adds to and the norm weight it emits with are loaded now, so that their trip
@@ -202,8 +214,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t;
       }
 
-    for (int c = c_begin; c < c_end; c += U) {
-      if (c + U < c_end) load(next, c + U);
+    // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
+    // of it is still to come.
+    for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = c + U < c_end ? c + U : c_begin) {
+      if (left > U) load(next, c + U < c_end ? c + U : c_begin);
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
       constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -298,7 +312,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                  const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
                                  int M, int N, int K, int S, bool accumulate, const SkinnyNorm norm, bool w_uploaded,
-                                 bool early_y, int tiles, unsigned* sched) {
+                                 bool early_y, int tiles, unsigned* sched, int2 rotate) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -342,6 +356,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
   const int c_last = c_end - 1;
+  int rot = rotation_chunks(tile, rotate, c_end - c_begin, U);
+  // The chunk where logical chunk c of the walk lies (rotate).
+  auto phys = [&](int c) { const int p = c + rot; return p >= c_end ? p - (c_end - c_begin) : p; };
   uint4 cur[U][NT], next[U][NT];
   auto load = [&](uint4 (&dst)[U][NT], int c) {
 #pragma unroll
@@ -354,10 +371,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // An uploaded weight is never written by a kernel, so its first batch may be in flight
   // while the kernel before this one finishes (launch.cuh); anything else waits first.
   bool active = n0 < NO && c_begin < c_end;  // warp-uniform
-  if (w_uploaded && active) load(cur, c_begin);
+  if (w_uploaded && active) load(cur, phys(c_begin));
   const TimelineMark mark = grid_dependency_begin();
   mark.shape(N, K, M);
-  if (!w_uploaded && active) load(cur, c_begin);
+  if (!w_uploaded && active) load(cur, phys(c_begin));
 
   // The residual products (o_proj, down: emitting the next norm): the residual this thread's
   // first output adds to and the norm weight it emits with are loaded now, so that their trip
@@ -407,8 +424,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
           xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t;
         }
 
-      for (int c = c_begin; c < c_end; c += U) {
-        if (c + U < c_end) load(next, c + U);
+      // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
+      // of it is still to come.
+      for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = c + U < c_end ? c + U : c_begin) {
+        if (left > U) load(next, c + U < c_end ? c + U : c_begin);
         // x for XU steps at a time, loaded together so their latencies overlap (one step at a
         // time with two m16 tiles, where the registers would not hold more without spilling).
         constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -468,7 +487,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       n0 = block_n0 + int64_t(group) * kCols;
       active = n0 < NO && c_begin < c_end;
       point_rows(n0);
-      if (active) load(cur, c_begin);
+      rot = rotation_chunks(tile, rotate, c_end - c_begin, U);
+      if (active) load(cur, phys(c_begin));
     }
 
     // Consecutive threads take consecutive columns of one row of y: coalesced stores.
@@ -529,7 +549,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // block, as before the tenth pass, and DFLASH_SKINNY_PERSIST=0 launches a block a tile even
 // where there are more tiles than slots (as before the eighteenth pass), =1 has the
 // persistent kernel's blocks take their tiles in a fixed stride instead of from the counter;
-// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape (measuring only).
+// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape, DFLASH_SKINNY_ROTATE="mult:group"
+// starts each tile's walk of its K slice at a batch of its own (rotation_chunks; both measuring only).
 struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
@@ -538,6 +559,7 @@ struct MmaSettings {
   bool prewait = true, early_y = true;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
+  int2 rotate{0, 1};  // DFLASH_SKINNY_ROTATE="mult[:group]" (rotation_chunks), measuring only
 };
 
 const MmaSettings& mma_settings() {
@@ -562,6 +584,10 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
+    if (const char* e = std::getenv("DFLASH_SKINNY_ROTATE")) {
+      int mult = 0, group = 1;
+      if (std::sscanf(e, "%d:%d", &mult, &group) >= 1 && mult >= 0 && group >= 1) m.rotate = make_int2(mult, group);
+    }
     // "N:K=S,…": the K slices of the weight of that shape (a power of two up to 8), instead of
     // the wave rule's; a malformed item is ignored.
     if (const char* e = std::getenv("DFLASH_SKINNY_SLICES")) {
@@ -649,12 +675,12 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
       default_carveout<skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>>(kSkinnyCarveout, "matmul (skinny)");
     launch_kernel("matmul (skinny)", skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(slots), kWarps * 32, 0,
                   s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y,
-                  static_cast<int>(tiles), sched);
+                  static_cast<int>(tiles), sched, ms.rotate);
     return;
   }
   if constexpr (MT == 1) default_carveout<skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>>(kSkinnyCarveout, "matmul (skinny)");
   launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
-                wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y);
+                wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, ms.rotate);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
