@@ -4,6 +4,7 @@
 // separate kernels (norm in f32, round to bf16, rotate in f32, round), so results equal the
 // unfused path's bit for bit.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/device_util.cuh"
@@ -122,8 +123,13 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
   const int64_t blocks = rows * (hq + 2 * hkv);
   if (blocks == 0) return;
   // Decode and verification rows keep the block kernel (its timing inside a step is tuned);
-  // both kernels give the same numbers.
-  if (rows > kAttentionSplitMaxRows && (head_dim == 64 || head_dim == 128 || head_dim == 256)) {
+  // both kernels give the same numbers. DFLASH_QKNORM_WARPS_ROWS=R (measuring only): the warps
+  // kernel from R rows on.
+  static const int64_t warps_from = [] {
+    const char* e = std::getenv("DFLASH_QKNORM_WARPS_ROWS");
+    return e && std::atoll(e) > 0 ? std::atoll(e) : int64_t(kAttentionSplitMaxRows) + 1;
+  }();
+  if (rows >= warps_from && (head_dim == 64 || head_dim == 128 || head_dim == 256)) {
     auto launch = [&](auto kernel) {
       launch_kernel("qk_norm_rope_store", kernel, blocks_for(blocks, kRowWarps), kRowWarps * 32, 0, s,
           static_cast<__nv_bfloat16*>(q), ldq, static_cast<int>(hq), static_cast<const __nv_bfloat16*>(k), ldk,
