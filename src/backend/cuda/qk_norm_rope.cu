@@ -58,7 +58,7 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
   }
 }
 
-// The same op for many rows (prefill), one warp per (row, head) instead of one block: a block
+// The same op for blocks of rows, one warp per (row, head) instead of one block: a block
 // each made 24576 blocks of 128 threads for a 512-row prompt at Qwen3-8B's heads (34 µs, H200).
 // Lane l holds elements l + 32·w, w < D / 32, so the sum of squares is taken as the block kernel
 // takes it (one butterfly per group of 32 elements, the groups' totals added in order from 0)
@@ -122,12 +122,14 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
   if (head_dim > 512 || head_dim % 2) throw Error("cuda qk_norm_rope_store: head_dim " + std::to_string(head_dim));
   const int64_t blocks = rows * (hq + 2 * hkv);
   if (blocks == 0) return;
-  // Decode and verification rows keep the block kernel (its timing inside a step is tuned);
-  // both kernels give the same numbers. DFLASH_QKNORM_WARPS_ROWS=R (measuring only): the warps
-  // kernel from R rows on.
+  // Both kernels give the same numbers. A decode row keeps the block kernel; blocks of rows
+  // (verification, drafting, prompts) take the warps kernel: a DFlash step at Qwen3-8B shapes
+  // 1-2 % shorter than with 16 blocks a head for 16 rows, plain decode level with either for one
+  // row (H200, 2026-12-02, docs/benchmarks.md thirty-second pass). DFLASH_QKNORM_WARPS_ROWS=R
+  // (measuring only): the warps kernel from R rows on (33: as before that pass).
   static const int64_t warps_from = [] {
     const char* e = std::getenv("DFLASH_QKNORM_WARPS_ROWS");
-    return e && std::atoll(e) > 0 ? std::atoll(e) : int64_t(kAttentionSplitMaxRows) + 1;
+    return e && std::atoll(e) > 0 ? std::atoll(e) : int64_t(2);
   }();
   if (rows >= warps_from && (head_dim == 64 || head_dim == 128 || head_dim == 256)) {
     auto launch = [&](auto kernel) {

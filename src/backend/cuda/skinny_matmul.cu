@@ -549,9 +549,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // block, as before the tenth pass, and DFLASH_SKINNY_PERSIST=0 launches a block a tile even
 // where there are more tiles than slots (as before the eighteenth pass), =1 has the
 // persistent kernel's blocks take their tiles in a fixed stride instead of from the counter;
-// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape, DFLASH_SKINNY_NT="N:K=NT,…" its
-// n8 tiles a warp (1 or 2; up to DFLASH_SKINNY_NT_ROWS rows), DFLASH_SKINNY_ROTATE="mult:group" starts each tile's walk of its K slice
-// at a batch of its own (rotation_chunks; all three measuring only).
+// DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape, DFLASH_SKINNY_ROTATE="mult:group"
+// starts each tile's walk of its K slice at a batch of its own (rotation_chunks; both measuring only).
 struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
@@ -560,8 +559,6 @@ struct MmaSettings {
   bool prewait = true, early_y = true;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
-  std::map<std::pair<int, int>, int> tiles_per_warp;  // DFLASH_SKINNY_NT: (N, K) -> NT, measuring only
-  int nt_rows = kSkinnyMaxRows;                       // DFLASH_SKINNY_NT_ROWS
   int2 rotate{0, 1};  // DFLASH_SKINNY_ROTATE="mult[:group]" (rotation_chunks), measuring only
 };
 
@@ -593,22 +590,17 @@ const MmaSettings& mma_settings() {
     }
     // "N:K=S,…": the K slices of the weight of that shape (a power of two up to 8), instead of
     // the wave rule's; a malformed item is ignored.
-    // "N:K=V,…" lists (DFLASH_SKINNY_SLICES, DFLASH_SKINNY_NT); a malformed item is ignored.
-    auto shape_list = [](const char* var, std::map<std::pair<int, int>, int>& into, auto valid) {
-      const char* e = std::getenv(var);
-      if (!e) return;
-      const std::string list = e;
+    if (const char* e = std::getenv("DFLASH_SKINNY_SLICES")) {
+      std::string list = e;
       for (size_t start = 0; start < list.size();) {
         const size_t end = std::min(list.find(',', start), list.size());
-        int n = 0, k = 0, v = 0;
-        if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d=%d", &n, &k, &v) == 3 && valid(v))
-          into[{n, k}] = v;
+        int n = 0, k = 0, sl = 0;
+        if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d=%d", &n, &k, &sl) == 3 &&
+            (sl == 1 || sl == 2 || sl == 4 || sl == 8))
+          m.slices[{n, k}] = sl;
         start = end + 1;
       }
-    };
-    shape_list("DFLASH_SKINNY_SLICES", m.slices, [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; });
-    shape_list("DFLASH_SKINNY_NT", m.tiles_per_warp, [](int v) { return v == 1 || v == 2; });
-    if (const char* e = std::getenv("DFLASH_SKINNY_NT_ROWS"); e && std::atoi(e) > 0) m.nt_rows = std::atoi(e);
+    }
     return m;
   }();
   return settings;
@@ -969,11 +961,7 @@ void skinny_matmul(const void* x, int64_t ldx, const void* w, int64_t ldw, void*
   const bool vec = K % 8 == 0 && rows_aligned16(x, ldx, 2) && rows_aligned16(w, ldw, 2);
   const MmaSettings& ms = mma_settings();
   const bool mma = vec && K % 32 == 0 && ms.enabled;
-  MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots);
-  // DFLASH_SKINNY_NT (measuring): the n8 tiles a warp for up to DFLASH_SKINNY_NT_ROWS rows. A
-  // warp's tiles are summed apart, so this may follow M; the slices, and so the sums, stay.
-  if (const auto it = ms.tiles_per_warp.find({N, K}); it != ms.tiles_per_warp.end() && M <= ms.nt_rows)
-    tl.NT = it->second;
+  const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots);
   if (norm) {
     if (!mma) throw Error("cuda matmul: a deferred norm on a product without the tensor-core kernel");
     if (norm->partial_out && (y_elem != Elem::F32 || !accumulate))
