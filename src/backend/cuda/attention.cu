@@ -69,7 +69,6 @@ struct SplitArgs : AttentionOperands {
   bool qvec;  // q rows 16-byte aligned (D % 8 == 0): the tensor-core path loads them 8 at a time
   bool mma;  // split_chunk_mma (tensor cores) instead of split_chunk
   bool dependents_first;  // the merge lets its dependents in before its wait (kDecodeSplitCarveout)
-  int64_t settled;        // cache rows written before the kernel ahead (attention()'s settled_rows)
   // Measuring only (DFLASH_ATTN_DIAG; the results are then wrong): stages split_chunk_mma leaves
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
@@ -152,19 +151,15 @@ __device__ __forceinline__ void for_row_segments(int rows, int segs, F&& f) {
   }
 }
 
-// K and V rows j0 … n_load − 1 of the chunk into shared memory (rows of stride Dp) with
+// K and V rows 0 … n_load − 1 of the chunk into shared memory (rows of stride Dp) with
 // asynchronous 16-byte copies (D % 8 == 0, aligned rows), K and V as separate commit groups so
 // the scores can start while V is still in flight (copies issued before this join K's group).
 __device__ __forceinline__ void stage_chunk_kv(const SplitArgs& a, __nv_bfloat16* Ks, __nv_bfloat16* Vs, int Dp,
-                                               const __nv_bfloat16* kb, const __nv_bfloat16* vb, int j0, int n_load) {
+                                               const __nv_bfloat16* kb, const __nv_bfloat16* vb, int n_load) {
   const int segs = a.D / 8;
-  for_row_segments(n_load - j0, segs, [&](int j, int s8) {
-    cp_async16(Ks + (j0 + j) * Dp + s8, kb + (j0 + j) * a.ldk + s8);
-  });
+  for_row_segments(n_load, segs, [&](int j, int s8) { cp_async16(Ks + j * Dp + s8, kb + j * a.ldk + s8); });
   cp_async_commit();
-  for_row_segments(n_load - j0, segs, [&](int j, int s8) {
-    cp_async16(Vs + (j0 + j) * Dp + s8, vb + (j0 + j) * a.ldv + s8);
-  });
+  for_row_segments(n_load, segs, [&](int j, int s8) { cp_async16(Vs + j * Dp + s8, vb + j * a.ldv + s8); });
   cp_async_commit();
 }
 
@@ -207,7 +202,7 @@ __device__ __forceinline__ void split_chunk(const SplitArgs& a, unsigned char* s
   const __nv_bfloat16* kb = a.k + c0 * a.ldk + int64_t(kvh) * D;
   const __nv_bfloat16* vb = a.v + c0 * a.ldv + int64_t(kvh) * D;
   if (a.vec) {  // D % 8 == 0, so D8 == D
-    stage_chunk_kv(a, Ks, Vs, Dp, kb, vb, 0, n_load);
+    stage_chunk_kv(a, Ks, Vs, Dp, kb, vb, n_load);
   } else {
     // Zero padding up to D8: the score loop then reads whole 8-element groups.
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
@@ -298,9 +293,8 @@ __host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq) {
 // query, its visible count and the keys. Of W warps, warp w computes the scores of keys
 // (64/W)·w … (64/W)·(w + 1) − 1 and the output columns 8(w + W·i) … of every m16 tile.
 template <int W>
-// n_early: the chunk's first rows already in flight (split_kernel), as two commit groups of their own.
 __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
-                                                int rows, int hg, int h_base, int64_t c0, int n_load, int n_early) {
+                                                int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, Dp = split_row_stride(a.D8);
   const int nq = rows * hg, mtiles = (nq + 15) / 16;
   auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -319,8 +313,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
     });
   }
   if (!(a.diag & 1)) {
-    stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_early,
-                   n_load);
+    stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   } else {
     cp_async_commit();  // the queries' group (measuring only), then an empty one for V
     cp_async_commit();
@@ -456,19 +449,9 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   // Visible counts grow with the row, so the tile's last row bounds what must be loaded; keys
   // past it (rows beyond kv_len among them) are never read.
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  // Rows the kernels ahead no longer write (a.settled) are copied in before the wait, while the
-  // cache store before this kernel still runs. The same bytes land in the same places (with the
-  // rest after the wait, and the wait for both groups before their first use), so the same numbers.
-  const int n_early = a.mma && !(a.diag & 1) ? keys_in_chunk(a.settled < a.kv_len ? a.settled : 0, c0) : 0;
-  if (n_early > 0) {
-    const int Dp = split_row_stride(a.D8);
-    auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
-    stage_chunk_kv(a, Ks, Ks + kChunk * Dp, Dp, a.k + c0 * a.ldk + int64_t(kvh) * a.D,
-                   a.v + c0 * a.ldv + int64_t(kvh) * a.D, 0, min(n_early, n_load));
-  }
   const TimelineMark mark = grid_dependency_begin();
   if (n_load > 0) {
-    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load, min(n_early, n_load));
+    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
     else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   }
   mark.exit();
@@ -622,7 +605,7 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, cudaStream_t s, int64_t settled_rows) {
+               bool causal, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
   if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
@@ -657,11 +640,6 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       return e ? std::atoi(e) : 0;
     }();
     a.diag = diag;
-    static const bool early_kv = [] {  // DFLASH_ATTN_EARLY_KV=0: every copy after the wait (measuring)
-      const char* e = std::getenv("DFLASH_ATTN_EARLY_KV");
-      return !(e && std::string(e) == "0");
-    }();
-    a.settled = early_kv ? std::min(settled_rows, q_pos0) : 0;
     if (nc > 0) {
       // Tiling decides only which block computes a (row, head, chunk), never how (see the file
       // comment), so it may follow the shape freely. All heads of a group share a block (they

@@ -467,7 +467,6 @@ class CudaBackend final : public Backend {
                              positions[0], static_cast<const float*>(e.cos.get()),
                              static_cast<const float*>(e.sin.get()), k_dst.data, k_dst.ld, v_dst.data, v_dst.ld,
                              stream_);
-    last_store_ = {k_dst.data, v_dst.data, cuda::launches_issued().load(std::memory_order_relaxed)};
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
@@ -501,7 +500,7 @@ class CudaBackend final : public Backend {
       scratch = pool_->allocate(rounded, "attention");
     }
     cuda::attention(q.data, q.ld, k.data, k.ld, v.data, v.ld, out.data, out.ld, q.rows, hq, hkv, head_dim, kv_len,
-                    q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_, settled_rows(k, v, q_pos0));
+                    q_pos0, mask == AttentionMask::Causal, scratch.get(), stream_);
   }
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
@@ -725,21 +724,6 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> workspace_;
   std::map<const RopeTable*, RopeEntry> rope_;
   std::unique_ptr<OpProfiler> prof_;  // null unless DFLASH_CUDA_PROFILE=1
-  // The last q/k-norm + cache store: where its K/V rows went and launches_issued() after it.
-  struct StoreMark {
-    const void* k = nullptr;
-    const void* v = nullptr;
-    uint64_t launches = 0;
-  } last_store_;
-  // Rows of the cache (k, v) that attention may read before its grid dependency wait: those
-  // below q_pos0 when the kernel right before it is the store of rows q_pos0 … into this cache
-  // (a decoder layer's order). Every earlier kernel has then finished, and only the store's own
-  // rows may still be in flight. 0 otherwise: a caller that wrote the cache with some other
-  // kernel just before (a copy, in the tests and the doctor) gets the plain order.
-  int64_t settled_rows(const Tensor& k, const Tensor& v, int64_t q_pos0) const {
-    if (q_pos0 <= 0 || last_store_.launches != cuda::launches_issued().load(std::memory_order_relaxed)) return 0;
-    return last_store_.k == k.slice_rows(q_pos0, 1).data && last_store_.v == v.slice_rows(q_pos0, 1).data ? q_pos0 : 0;
-  }
   std::unique_ptr<Timeline> timeline_;  // null unless DFLASH_CUDA_TIMELINE_OUT is set
   std::unique_ptr<StagingRing> staging_;
   std::unique_ptr<GraphRecorder> graphs_;  // queue_recorded's

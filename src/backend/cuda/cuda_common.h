@@ -4,7 +4,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -30,14 +29,6 @@ inline void check_blas(cublasStatus_t s, const char* op, const char* what) {
 // an aligned base and a stride of whole 16-byte units.
 inline bool rows_aligned16(const void* p, int64_t ld, int elem_bytes) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * elem_bytes) % 16 == 0;
-}
-
-// Kernels launched so far by this process (every launch_kernel call, launched or not). An op
-// that must know whether anything ran between it and an earlier launch compares two readings
-// (CudaBackend::attention: whether the cache store was the kernel right before it).
-inline std::atomic<uint64_t>& launches_issued() {
-  static std::atomic<uint64_t> n{0};
-  return n;
 }
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }

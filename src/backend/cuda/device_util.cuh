@@ -128,16 +128,14 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[4], const void* sme
 // Programmatic dependent launch (sm_90; launch.cuh sets it up on the host). A kernel may be
 // started while the one before it in the stream is still running: everything before
 // grid_dependency_begin() must touch no memory that an earlier kernel writes (the first loads
-// of uploaded weights are the intended use; the split attention's copies of cache rows written
-// before the kernel ahead, CudaBackend::settled_rows, rest on the kernel ahead having waited
-// before it let this one in), everything after it sees all earlier kernels' results. Every
-// kernel calls it in every block before it reads or writes anything else and before it can
-// exit: the wait covers only the kernel right before, so each kernel must itself have waited
-// for its own predecessor for the chain to hold. The trigger that follows lets the next kernel
-// be scheduled now that this one has nothing left to wait for; it is placed after the wait so
-// at most one kernel waits ahead. No-ops where the kernel was launched without the attribute,
-// and on pre-sm_90 targets. The mark it returns is the block's entry on the measuring timeline
-// (timeline.cuh; empty in a normal build).
+// of uploaded weights are the intended use), everything after it sees all earlier kernels'
+// results. Every kernel calls it in every block before it reads or writes anything
+// else and before it can exit: the wait covers only the kernel right before, so each kernel
+// must itself have waited for its own predecessor for the chain to hold. The trigger that
+// follows lets the next kernel be scheduled now that this one has nothing left to wait for;
+// it is placed after the wait so at most one kernel waits ahead. No-ops where the kernel was
+// launched without the attribute, and on pre-sm_90 targets. The mark it returns is the
+// block's entry on the measuring timeline (timeline.cuh; empty in a normal build).
 __device__ __forceinline__ TimelineMark grid_dependency_wait();
 __device__ __forceinline__ void grid_dependents_launch();
 __device__ __forceinline__ TimelineMark grid_dependency_begin() {

@@ -93,12 +93,9 @@ void rope(void* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim, c
 // kernel.
 constexpr int64_t kAttentionSplitMaxRows = 32;
 size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len);
-// settled_rows: cache rows 0 … settled_rows − 1 were written before the kernel launched right
-// before this op (so no kernel that may still run writes them): the split path may copy them
-// into shared memory before its grid dependency wait. 0 where the caller cannot say.
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, cudaStream_t s, int64_t settled_rows = 0);
+               bool causal, void* scratch, cudaStream_t s);
 
 void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64_t ldo, Elem out_elem, int64_t rows,
               int64_t inter, cudaStream_t s);
