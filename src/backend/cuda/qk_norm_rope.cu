@@ -123,8 +123,9 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
   const int64_t blocks = rows * (hq + 2 * hkv);
   if (blocks == 0) return;
   // Both kernels give the same numbers. A decode row keeps the block kernel; blocks of rows
-  // (verification, drafting, prompts) take the warps kernel: a DFlash step at Qwen3-8B shapes
-  // 1-2 % shorter than with 16 blocks a head for 16 rows, plain decode level with either for one
+  // (verification, drafting, prompts) take the warps kernel: at Qwen3-8B shapes a DFlash step
+  // is 0.6 % shorter at 512 cached rows (level at 4096) than with the block kernel's block per
+  // row and head (768 for 16 rows), and plain decode is level with either kernel for its one
   // row (H200, 2026-12-02, docs/benchmarks.md thirty-second pass). DFLASH_QKNORM_WARPS_ROWS=R
   // (measuring only): the warps kernel from R rows on (33: as before that pass).
   static const int64_t warps_from = [] {
