@@ -258,9 +258,9 @@ TEST(CudaAttention, NewRowsInBlockEqualRowsAlone) {
   check_new_rows_alone(*backend, 5, 6, 2, 96, 40);
 }
 
-// q/k-norm, RoPE and the cache store for a prompt's rows (more than kAttentionSplitMaxRows: one
-// warp per row and head) must give the numbers the decode kernel (one block per row and head)
-// gives each row alone: q rotated in place and the K/V cache rows, bit for bit.
+// q/k-norm, RoPE and the cache store for a block of rows (from 2 rows on: one warp per row and
+// head) must give the numbers the decode kernel (one block per row and head) gives each row
+// alone: q rotated in place and the K/V cache rows, bit for bit.
 TEST(CudaQkNormRope, PromptRowsEqualRowsAlone) {
   REQUIRE_GPU(backend);
   Backend& gpu = *backend;

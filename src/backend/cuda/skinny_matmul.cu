@@ -41,7 +41,8 @@ constexpr int kWarps = 8;
 // is physical k 8t + 4j + (0, 1 | 2, 3) of the chunk. The A fragments (x) are loaded with the
 // same permutation, two 16-byte loads per lane and m16 tile (rows g and g+8, elements
 // 8t … 8t+7), so every product x[m, k]·w[n, k] is formed exactly once, and output (m, n)
-// accumulates its chunks in ascending order, mma 0 before mma 1, whatever M is. Rows of x at or
+// accumulates its chunks in ascending order (from another start with DFLASH_SKINNY_ROTATE,
+// rotation_chunks), mma 0 before mma 1, whatever M is. Rows of x at or
 // past M are zeros in registers (not loaded); they change nothing in the other rows, since an
 // mma computes each row of its result from that row of A alone.
 //
