@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 
@@ -128,7 +129,7 @@ __device__ __forceinline__ int rotation_chunks(int64_t tile, int2 rotate, int n,
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
@@ -175,10 +176,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + (TILED ? 32 : 4) * cu);
     }
   };
-  // An uploaded weight is never written by a kernel, so its first batch may be in flight
-  // while the kernel before this one finishes (launch.cuh); anything else waits first.
+  // An uploaded weight is never written by a kernel, so its first batch (PRE = 2, measuring:
+  // its first two) may be in flight while the kernel before this one finishes (launch.cuh);
+  // anything else waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
   if (w_uploaded && active) load(cur, phys(c_begin));
+  [[maybe_unused]] bool next_early = false;
+  if constexpr (PRE == 2) {
+    next_early = w_uploaded && active && c_end - c_begin > U;
+    if (next_early) load(next, phys(c_begin) + U < c_end ? phys(c_begin) + U : c_begin);
+  }
   const TimelineMark mark = grid_dependency_begin();
   mark.shape(N, K, M);
   if (!w_uploaded && active) load(cur, phys(c_begin));
@@ -218,7 +225,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
     // of it is still to come.
     for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = c + U < c_end ? c + U : c_begin) {
-      if (left > U) load(next, c + U < c_end ? c + U : c_begin);
+      if constexpr (PRE == 2) {
+        if (left > U && !next_early) load(next, c + U < c_end ? c + U : c_begin);
+        next_early = false;
+      } else {
+        if (left > U) load(next, c + U < c_end ? c + U : c_begin);
+      }
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
       constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -308,7 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   mark.exit();
 }
 
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                  const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
@@ -369,10 +381,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + (TILED ? 32 : 4) * cu);
     }
   };
-  // An uploaded weight is never written by a kernel, so its first batch may be in flight
-  // while the kernel before this one finishes (launch.cuh); anything else waits first.
+  // An uploaded weight is never written by a kernel, so its first tile's first batch (PRE = 2,
+  // measuring: its first two) may be in flight while the kernel before this one finishes
+  // (launch.cuh); anything else waits first.
   bool active = n0 < NO && c_begin < c_end;  // warp-uniform
   if (w_uploaded && active) load(cur, phys(c_begin));
+  [[maybe_unused]] bool next_early = false;
+  if constexpr (PRE == 2) {
+    next_early = w_uploaded && active && c_end - c_begin > U;
+    if (next_early) load(next, phys(c_begin) + U < c_end ? phys(c_begin) + U : c_begin);
+  }
   const TimelineMark mark = grid_dependency_begin();
   mark.shape(N, K, M);
   if (!w_uploaded && active) load(cur, phys(c_begin));
@@ -428,7 +446,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
       // of it is still to come.
       for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = c + U < c_end ? c + U : c_begin) {
-        if (left > U) load(next, c + U < c_end ? c + U : c_begin);
+        if constexpr (PRE == 2) {
+          if (left > U && !next_early) load(next, c + U < c_end ? c + U : c_begin);
+          next_early = false;
+        } else {
+          if (left > U) load(next, c + U < c_end ? c + U : c_begin);
+        }
         // x for XU steps at a time, loaded together so their latencies overlap (one step at a
         // time with two m16 tiles, where the registers would not hold more without spilling).
         constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -558,6 +581,10 @@ struct MmaSettings {
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
   int sms = 0;
   bool prewait = true, early_y = true;
+  // DFLASH_SKINNY_PREWAIT=2 (measuring): up to 16 rows, two batches before the wait, for every
+  // weight or, with DFLASH_SKINNY_PREWAIT2_SHAPES="N:K,…", for those shapes only.
+  bool prewait2 = false;
+  std::set<std::pair<int, int>> prewait2_shapes;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
   int2 rotate{0, 1};  // DFLASH_SKINNY_ROTATE="mult[:group]" (rotation_chunks), measuring only
@@ -583,6 +610,16 @@ const MmaSettings& mma_settings() {
       m.block_slots = 0;
     }
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
+    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "2") m.prewait2 = true;
+    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT2_SHAPES")) {
+      std::string list = e;
+      for (size_t start = 0; start < list.size();) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        int n = 0, k = 0;
+        if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d", &n, &k) == 2) m.prewait2_shapes.insert({n, k});
+        start = end + 1;
+      }
+    }
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_ROTATE")) {
@@ -662,26 +699,39 @@ int64_t persistent_slots() {
 // bits either way.
 constexpr int kSkinnyCarveout = 25;
 
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
-void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
+template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int PRE>
+void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N,
+                        int K, int S, bool accumulate, bool prewait, const SkinnyNorm& norm, cudaStream_t s) {
   const MmaSettings& ms = mma_settings();
   const int64_t tiles = mma_blocks(N, NT, S, PAIR);
   const auto* xp = static_cast<const __nv_bfloat16*>(x);
   const auto* wp = static_cast<const __nv_bfloat16*>(w);
-  const bool prewait = w_uploaded && ms.prewait;
   if (const int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0; slots > 0 && tiles > slots) {
     unsigned* sched = ms.persist == 2 ? sched_counter(s) : nullptr;
-    if constexpr (MT == 1)
-      default_carveout<skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>>(kSkinnyCarveout, "matmul (skinny)");
-    launch_kernel("matmul (skinny)", skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(slots), kWarps * 32, 0,
-                  s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y,
-                  static_cast<int>(tiles), sched, ms.rotate);
+    constexpr auto kernel = skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
+    if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
+    launch_kernel("matmul (skinny)", kernel, unsigned(slots), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y),
+                  ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, static_cast<int>(tiles), sched, ms.rotate);
     return;
   }
-  if constexpr (MT == 1) default_carveout<skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>>(kSkinnyCarveout, "matmul (skinny)");
-  launch_kernel("matmul (skinny)", skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED>, unsigned(tiles), kWarps * 32, 0, s, xp, ldx,
-                wp, ldw, static_cast<Out*>(y), ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, ms.rotate);
+  constexpr auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
+  if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
+  launch_kernel("matmul (skinny)", kernel, unsigned(tiles), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy,
+                M, N, K, S, accumulate, norm, prewait, ms.early_y, ms.rotate);
+}
+
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
+void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
+                int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
+  const MmaSettings& ms = mma_settings();
+  const bool prewait = w_uploaded && ms.prewait;
+  if constexpr (MT == 1) {
+    if (prewait && ms.prewait2 && (ms.prewait2_shapes.empty() || ms.prewait2_shapes.count({N, K}))) {
+      launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm, s);
+      return;
+    }
+  }
+  launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 1>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm, s);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
