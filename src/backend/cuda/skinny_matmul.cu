@@ -581,9 +581,11 @@ struct MmaSettings {
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
   int sms = 0;
   bool prewait = true, early_y = true;
-  // DFLASH_SKINNY_PREWAIT=2 (measuring): up to 16 rows, two batches before the wait, for every
-  // weight or, with DFLASH_SKINNY_PREWAIT2_SHAPES="N:K,…", for those shapes only.
+  // DFLASH_SKINNY_PREWAIT=2 (measuring): up to 16 rows (DFLASH_SKINNY_PREWAIT2_ROWS=R: up to R),
+  // two batches before the wait, for every weight or, with DFLASH_SKINNY_PREWAIT2_SHAPES="N:K,…",
+  // for those shapes only. When a batch is loaded changes no sum, so this may follow M.
   bool prewait2 = false;
+  int prewait2_rows = 16;
   std::set<std::pair<int, int>> prewait2_shapes;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
@@ -611,6 +613,7 @@ const MmaSettings& mma_settings() {
     }
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "2") m.prewait2 = true;
+    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT2_ROWS"); e && std::atoi(e) > 0) m.prewait2_rows = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT2_SHAPES")) {
       std::string list = e;
       for (size_t start = 0; start < list.size();) {
@@ -726,7 +729,8 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   const MmaSettings& ms = mma_settings();
   const bool prewait = w_uploaded && ms.prewait;
   if constexpr (MT == 1) {
-    if (prewait && ms.prewait2 && (ms.prewait2_shapes.empty() || ms.prewait2_shapes.count({N, K}))) {
+    if (prewait && ms.prewait2 && M <= ms.prewait2_rows &&
+        (ms.prewait2_shapes.empty() || ms.prewait2_shapes.count({N, K}))) {
       launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm, s);
       return;
     }
