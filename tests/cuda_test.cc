@@ -460,6 +460,55 @@ TEST(CudaSkinny, TargetShapedBlocksEqualRowsAlone) {
   }
 }
 
+// Uploaded weights (checkpoint tensors, whose first batches a product may load before its grid
+// dependency wait: two batches for q/k/v- and down-shaped weights up to 16 rows, one in a block of
+// more, prewait_batches in skinny_matmul.cu): a row alone equals the same row in a block of 16 and
+// of 20, bit for bit, for the q/k/v-shaped product consuming a norm and the down-shaped residual
+// product emitting it. When a batch is loaded must change no sum.
+TEST(CudaSkinny, UploadedWeightsRowsInBlocksEqualRowsAlone) {
+  REQUIRE_GPU(backend);
+  Backend& b = *backend;
+  RandomTensors tensor{b, 13};
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<std::vector<uint16_t>> keep;
+  auto weight = [&](const std::string& name, int64_t rows, int64_t cols) {
+    keep.emplace_back(size_t(rows * cols));
+    for (auto& v : keep.back()) v = f32_to_bf16(0.02f * nd(rng));
+    TensorInfo ti;
+    ti.name = name;
+    ti.dtype = DType::BF16;
+    ti.shape = {rows, cols};
+    ti.data = reinterpret_cast<const uint8_t*>(keep.back().data());
+    ti.nbytes = keep.back().size() * 2;
+    return b.upload_weight({&ti});
+  };
+  const int64_t H = 4096, I = 12288, Q = 6144;
+  const Tensor wd = weight("down", H, I), wq = weight("qkv", Q, H), nw = tensor(1, H, 1.f, DType::F32);
+  for (const int64_t M : {16, 20}) {
+    const Tensor a = tensor(M, I, 1.f, DType::BF16), x0 = tensor(M, H, 1.f, DType::F32);
+    // The residual after down (with the emitted h) and q/k/v's output, for rows first … first + n.
+    auto chain = [&](int64_t first, int64_t n) {
+      Tensor x = b.alloc(n, H, DType::F32);
+      b.copy(x0.slice_rows(first, n), x);
+      NormedRows normed;
+      normed.h = b.alloc(n, H, b.activation_dtype());
+      b.matmul_add_norm(a.slice_rows(first, n), wd, x, nw, 1e-6f, normed);
+      Tensor y = b.alloc(n, Q, DType::F32);
+      b.matmul_normed(normed, wq, y);
+      return std::make_pair(download(b, x), download(b, y));
+    };
+    const auto [xs, ys] = chain(0, M);
+    for (int64_t m = 0; m < M; ++m) {
+      const auto [x1, y1] = chain(m, 1);
+      EXPECT_EQ(std::memcmp(x1.data(), xs.data() + m * H, H * sizeof(float)), 0)
+          << M << " rows: down residual + norm, row " << m;
+      EXPECT_EQ(std::memcmp(y1.data(), ys.data() + m * Q, Q * sizeof(float)), 0)
+          << M << " rows: the normed q/k/v product, row " << m;
+    }
+  }
+}
+
 // The skinny products reading a weight's pre-tiled copy (DFLASH_CUDA_TILED_WEIGHTS=1) against
 // the same products reading the checkpoint's layout, on two backends given the same values: a
 // plain product (a partial last n8 tile, and more tiles than resident blocks), the residual

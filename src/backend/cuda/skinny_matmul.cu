@@ -176,9 +176,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + (TILED ? 32 : 4) * cu);
     }
   };
-  // An uploaded weight is never written by a kernel, so its first batch (PRE = 2, measuring:
-  // its first two) may be in flight while the kernel before this one finishes (launch.cuh);
-  // anything else waits first.
+  // An uploaded weight is never written by a kernel, so its first PRE batches (prewait_batches)
+  // may be in flight while the kernel before this one finishes (launch.cuh); anything else
+  // waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
   if (w_uploaded && active) load(cur, phys(c_begin));
   [[maybe_unused]] bool next_early = false;
@@ -381,9 +381,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + (TILED ? 32 : 4) * cu);
     }
   };
-  // An uploaded weight is never written by a kernel, so its first tile's first batch (PRE = 2,
-  // measuring: its first two) may be in flight while the kernel before this one finishes
-  // (launch.cuh); anything else waits first.
+  // An uploaded weight is never written by a kernel, so its first tile's first PRE batches
+  // (prewait_batches) may be in flight while the kernel before this one finishes (launch.cuh);
+  // anything else waits first.
   bool active = n0 < NO && c_begin < c_end;  // warp-uniform
   if (w_uploaded && active) load(cur, phys(c_begin));
   [[maybe_unused]] bool next_early = false;
@@ -569,7 +569,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // DFLASH_SKINNY_MMA=0 forces the CUDA-core kernels (to compare against them),
 // DFLASH_SKINNY_TARGET_WARPS=n replaces the wave rule by a K-split target of n warps,
 // DFLASH_SKINNY_PREWAIT=0 loads an uploaded weight's first batch after the grid dependency wait
-// too, DFLASH_SKINNY_EARLY_Y=0 loads the emitting products' residual at the end of the
+// too, =1 issues one batch before it everywhere (as before the thirty-third pass), =2 two
+// (prewait_batches), DFLASH_SKINNY_EARLY_Y=0 loads the emitting products' residual at the end of the
 // block, as before the tenth pass, and DFLASH_SKINNY_PERSIST=0 launches a block a tile even
 // where there are more tiles than slots (as before the eighteenth pass), =1 has the
 // persistent kernel's blocks take their tiles in a fixed stride instead of from the counter;
@@ -580,12 +581,12 @@ struct MmaSettings {
   int64_t target_warps = kTargetWarps;
   int64_t block_slots = 0;  // blocks resident at once (SMs × 2); 0: use target_warps
   int sms = 0;
-  bool prewait = true, early_y = true;
-  // DFLASH_SKINNY_PREWAIT=2 (measuring): up to 16 rows (DFLASH_SKINNY_PREWAIT2_ROWS=R: up to R),
-  // two batches before the wait, for every weight or, with DFLASH_SKINNY_PREWAIT2_SHAPES="N:K,…",
-  // for those shapes only. When a batch is loaded changes no sum, so this may follow M.
-  bool prewait2 = false;
-  int prewait2_rows = 16;
+  // Weight batches issued before the grid dependency wait (prewait_batches): -1 the rule, else
+  // DFLASH_SKINNY_PREWAIT=0, 1 or 2 for every uploaded weight (2: up to 16 rows), or with
+  // DFLASH_SKINNY_PREWAIT=2 and DFLASH_SKINNY_PREWAIT2_SHAPES="N:K,…" two for those shapes and
+  // the rule's choice for the rest.
+  int prewait = -1;
+  bool early_y = true;
   std::set<std::pair<int, int>> prewait2_shapes;
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
@@ -611,9 +612,9 @@ const MmaSettings& mma_settings() {
       m.target_warps = std::atoll(e);
       m.block_slots = 0;
     }
-    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "0") m.prewait = false;
-    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && std::string(e) == "2") m.prewait2 = true;
-    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT2_ROWS"); e && std::atoi(e) > 0) m.prewait2_rows = std::atoi(e);
+    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && (std::string(e) == "0" || std::string(e) == "1" ||
+                                                                    std::string(e) == "2"))
+      m.prewait = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT2_SHAPES")) {
       std::string list = e;
       for (size_t start = 0; start < list.size();) {
@@ -702,6 +703,24 @@ int64_t persistent_slots() {
 // bits either way.
 constexpr int kSkinnyCarveout = 25;
 
+// How many batches of an uploaded weight a product of up to 16 rows issues before its wait. The
+// rule: two where each warp walks at least 8 batches of its K slice and the product runs a block
+// a tile; one otherwise. Measured (H200 and H100, 2026-12-02, docs/benchmarks.md thirty-third
+// pass): two batches for q/k/v (8 batches a warp) and down (12) made plain decode 0.6-0.9 %
+// faster and a DFlash step 0.3-1.5 % shorter, at 512 and 4096 cached rows; for o (4 batches,
+// after the attention merge) they were level, and with the persistent products too (gate/up,
+// the LM head, whose two-batch code spills) plain decode lost 1.4 % on the H200 and a step 0.7-1.8 %.
+// When a batch is loaded changes no sum, so the same bits either way.
+template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED>
+int prewait_batches(const MmaSettings& ms, int N, int K, int S) {
+  if (ms.prewait >= 0 && !(ms.prewait == 2 && !ms.prewait2_shapes.empty())) return ms.prewait;
+  if (ms.prewait == 2 && ms.prewait2_shapes.count({N, K})) return 2;
+  constexpr int U = 8 / NT;
+  const int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0;
+  const bool persistent = slots > 0 && mma_blocks(N, NT, S, PAIR) > slots;
+  return !persistent && (K / 32) / S >= 8 * U ? 2 : 1;
+}
+
 template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int PRE>
 void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N,
                         int K, int S, bool accumulate, bool prewait, const SkinnyNorm& norm, cudaStream_t s) {
@@ -727,10 +746,9 @@ template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, 
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   const MmaSettings& ms = mma_settings();
-  const bool prewait = w_uploaded && ms.prewait;
+  const bool prewait = w_uploaded && ms.prewait != 0;
   if constexpr (MT == 1) {
-    if (prewait && ms.prewait2 && M <= ms.prewait2_rows &&
-        (ms.prewait2_shapes.empty() || ms.prewait2_shapes.count({N, K}))) {
+    if (prewait && prewait_batches<MT, NT, Out, EPI, PAIR, TILED>(ms, N, K, S) == 2) {
       launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm, s);
       return;
     }
