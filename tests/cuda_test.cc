@@ -406,6 +406,35 @@ TEST(CudaSkinny, RowsInBlockEqualRowsAlone) {
   }
 }
 
+// A bf16 checkpoint tensor over `bits` (which must outlive it), as upload_weight takes one.
+TensorInfo bf16_checkpoint_tensor(const std::string& name, int64_t rows, int64_t cols,
+                                  const std::vector<uint16_t>& bits) {
+  TensorInfo ti;
+  ti.name = name;
+  ti.dtype = DType::BF16;
+  ti.shape = {rows, cols};
+  ti.data = reinterpret_cast<const uint8_t*>(bits.data());
+  ti.nbytes = bits.size() * 2;
+  return ti;
+}
+
+// A residual product emitting the next norm (w: o- or down-shaped), then a product consuming it
+// (wq), for rows first … first + n of a and x0: the residual with the emitted h, and the
+// consumer's output.
+std::pair<std::vector<float>, std::vector<float>> residual_then_normed(Backend& b, const Tensor& a, const Tensor& w,
+                                                                       const Tensor& x0, const Tensor& nw,
+                                                                       const Tensor& wq, int64_t first, int64_t n) {
+  const int64_t H = w.rows;
+  Tensor x = b.alloc(n, H, DType::F32);
+  b.copy(x0.slice_rows(first, n), x);
+  NormedRows normed;
+  normed.h = b.alloc(n, H, b.activation_dtype());
+  b.matmul_add_norm(a.slice_rows(first, n), w, x, nw, 1e-6f, normed);
+  Tensor y = b.alloc(n, wq.rows, DType::F32);
+  b.matmul_normed(normed, wq, y);
+  return {download(b, x), download(b, y)};
+}
+
 // The products of a verification block at the target's own shapes (N = 4096 and 6144 columns,
 // two n8 tiles a warp, K in 8 or 4 slices: the tiling the test above does not reach), at 16 rows
 // and at 5 (rows past M are zeros in the kernel): every row of the block must equal the row
@@ -436,17 +465,7 @@ TEST(CudaSkinny, TargetShapedBlocksEqualRowsAlone) {
     for (const bool down : {false, true}) {
       const Tensor& w = down ? wd : wo;
       const Tensor a = tensor(M, w.cols, 1.f, DType::BF16), x0 = tensor(M, H, 1.f, DType::F32);
-      // The residual (with the emitted h) and the consuming product's output, for rows first … first + n.
-      auto chain = [&](int64_t first, int64_t n) {
-        Tensor x = b.alloc(n, H, DType::F32);
-        b.copy(x0.slice_rows(first, n), x);
-        NormedRows normed;
-        normed.h = b.alloc(n, H, b.activation_dtype());
-        b.matmul_add_norm(a.slice_rows(first, n), w, x, nw, 1e-6f, normed);
-        Tensor y = b.alloc(n, Q, DType::F32);
-        b.matmul_normed(normed, wq, y);
-        return std::make_pair(download(b, x), download(b, y));
-      };
+      auto chain = [&](int64_t first, int64_t n) { return residual_then_normed(b, a, w, x0, nw, wq, first, n); };
       const auto [xs, ys] = chain(0, M);
       const std::string what = rows + (down ? "down-like" : "o-like");
       for (int64_t m = 0; m < M; ++m) {
@@ -475,29 +494,14 @@ TEST(CudaSkinny, UploadedWeightsRowsInBlocksEqualRowsAlone) {
   auto weight = [&](const std::string& name, int64_t rows, int64_t cols) {
     keep.emplace_back(size_t(rows * cols));
     for (auto& v : keep.back()) v = f32_to_bf16(0.02f * nd(rng));
-    TensorInfo ti;
-    ti.name = name;
-    ti.dtype = DType::BF16;
-    ti.shape = {rows, cols};
-    ti.data = reinterpret_cast<const uint8_t*>(keep.back().data());
-    ti.nbytes = keep.back().size() * 2;
+    const TensorInfo ti = bf16_checkpoint_tensor(name, rows, cols, keep.back());
     return b.upload_weight({&ti});
   };
   const int64_t H = 4096, I = 12288, Q = 6144;
   const Tensor wd = weight("down", H, I), wq = weight("qkv", Q, H), nw = tensor(1, H, 1.f, DType::F32);
   for (const int64_t M : {16, 20}) {
     const Tensor a = tensor(M, I, 1.f, DType::BF16), x0 = tensor(M, H, 1.f, DType::F32);
-    // The residual after down (with the emitted h) and q/k/v's output, for rows first … first + n.
-    auto chain = [&](int64_t first, int64_t n) {
-      Tensor x = b.alloc(n, H, DType::F32);
-      b.copy(x0.slice_rows(first, n), x);
-      NormedRows normed;
-      normed.h = b.alloc(n, H, b.activation_dtype());
-      b.matmul_add_norm(a.slice_rows(first, n), wd, x, nw, 1e-6f, normed);
-      Tensor y = b.alloc(n, Q, DType::F32);
-      b.matmul_normed(normed, wq, y);
-      return std::make_pair(download(b, x), download(b, y));
-    };
+    auto chain = [&](int64_t first, int64_t n) { return residual_then_normed(b, a, wd, x0, nw, wq, first, n); };
     const auto [xs, ys] = chain(0, M);
     for (int64_t m = 0; m < M; ++m) {
       const auto [x1, y1] = chain(m, 1);
@@ -537,12 +541,7 @@ TEST(CudaSkinny, TiledWeightsGiveTheSameBits) {
     const auto v = values(rows * cols, 0.02f);
     keep.emplace_back(v.size());
     for (size_t i = 0; i < v.size(); ++i) keep.back()[i] = f32_to_bf16(v[i]);
-    TensorInfo ti;
-    ti.name = name;
-    ti.dtype = DType::BF16;
-    ti.shape = {rows, cols};
-    ti.data = reinterpret_cast<const uint8_t*>(keep.back().data());
-    ti.nbytes = keep.back().size() * 2;
+    const TensorInfo ti = bf16_checkpoint_tensor(name, rows, cols, keep.back());
     Pair w{plain->upload_weight({&ti}), tiled->upload_weight({&ti})};
     EXPECT_TRUE(cuda::has_tiled_copy(*tiled, w.tiled)) << name << ": no tiled copy";
     EXPECT_FALSE(cuda::has_tiled_copy(*plain, w.plain)) << name;
