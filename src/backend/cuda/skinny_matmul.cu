@@ -124,6 +124,21 @@ __device__ __forceinline__ int rotation_chunks(int64_t tile, int2 rotate, int n,
   return int((tile / rotate.y * rotate.x) % (n / U)) * U;
 }
 
+// Where the walk of a K slice [c_begin, c_end) goes after the batch of U chunks at c: on, or
+// round to the slice's start (rotate).
+__device__ __forceinline__ int next_position(int c, int U, int c_begin, int c_end) {
+  return c + U < c_end ? c + U : c_begin;
+}
+
+// The top of each step of the walk (at c, `left` chunks still to come): the next batch goes out
+// into `next` while this one is used, unless this is the last one or it went out early.
+template <int PRE, int U, typename LoadNext>
+__device__ __forceinline__ void load_next_batch(const LoadNext& load_next, bool& next_early, int c, int left,
+                                                int c_begin, int c_end) {
+  if (left > U && !(PRE == 2 && next_early)) load_next(next_position(c, U, c_begin, c_end));
+  next_early = false;
+}
+
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
 // and up rows NO + n0 … NO + n0 + 7, and the epilogue stores y[m, n] = silu(gate)·up for its
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
@@ -181,10 +196,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // waits first.
   const bool active = n0 < NO && c_begin < c_end;  // warp-uniform
   if (w_uploaded && active) load(cur, phys(c_begin));
-  [[maybe_unused]] bool next_early = false;
+  const auto load_next = [&](int c) { load(next, c); };
+  [[maybe_unused]] bool next_early = false;  // PRE = 2: the second batch went out before the wait
   if constexpr (PRE == 2) {
     next_early = w_uploaded && active && c_end - c_begin > U;
-    if (next_early) load(next, phys(c_begin) + U < c_end ? phys(c_begin) + U : c_begin);
+    if (next_early) load_next(next_position(phys(c_begin), U, c_begin, c_end));
   }
   const TimelineMark mark = grid_dependency_begin();
   mark.shape(N, K, M);
@@ -224,13 +240,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
     // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
     // of it is still to come.
-    for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = c + U < c_end ? c + U : c_begin) {
-      if constexpr (PRE == 2) {
-        if (left > U && !next_early) load(next, c + U < c_end ? c + U : c_begin);
-        next_early = false;
-      } else {
-        if (left > U) load(next, c + U < c_end ? c + U : c_begin);
-      }
+    for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = next_position(c, U, c_begin, c_end)) {
+      load_next_batch<PRE, U>(load_next, next_early, c, left, c_begin, c_end);
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
       constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -386,10 +397,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // anything else waits first.
   bool active = n0 < NO && c_begin < c_end;  // warp-uniform
   if (w_uploaded && active) load(cur, phys(c_begin));
-  [[maybe_unused]] bool next_early = false;
+  const auto load_next = [&](int c) { load(next, c); };
+  [[maybe_unused]] bool next_early = false;  // PRE = 2: the second batch went out before the wait
   if constexpr (PRE == 2) {
     next_early = w_uploaded && active && c_end - c_begin > U;
-    if (next_early) load(next, phys(c_begin) + U < c_end ? phys(c_begin) + U : c_begin);
+    if (next_early) load_next(next_position(phys(c_begin), U, c_begin, c_end));
   }
   const TimelineMark mark = grid_dependency_begin();
   mark.shape(N, K, M);
@@ -445,13 +457,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
       // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
       // of it is still to come.
-      for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = c + U < c_end ? c + U : c_begin) {
-        if constexpr (PRE == 2) {
-          if (left > U && !next_early) load(next, c + U < c_end ? c + U : c_begin);
-          next_early = false;
-        } else {
-          if (left > U) load(next, c + U < c_end ? c + U : c_begin);
-        }
+      for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = next_position(c, U, c_begin, c_end)) {
+        load_next_batch<PRE, U>(load_next, next_early, c, left, c_begin, c_end);
         // x for XU steps at a time, loaded together so their latencies overlap (one step at a
         // time with two m16 tiles, where the registers would not hold more without spilling).
         constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -703,32 +710,35 @@ int64_t persistent_slots() {
 // bits either way.
 constexpr int kSkinnyCarveout = 25;
 
-// How many batches of an uploaded weight a product of up to 16 rows issues before its wait. The
-// rule: two where each warp walks at least 8 batches of its K slice and the product runs a block
-// a tile; one otherwise. Measured (H200 and H100, 2026-12-02, docs/benchmarks.md thirty-third
-// pass): two batches for q/k/v (8 batches a warp) and down (12) made plain decode 0.6-0.9 %
-// faster and a DFlash step 0.3-1.5 % shorter, at 512 and 4096 cached rows; for o (4 batches,
-// after the attention merge) they were level, and with the persistent products too (gate/up,
-// the LM head, whose two-batch code spills) plain decode lost 1.4 % on the H200 and a step 0.7-1.8 %.
-// When a batch is loaded changes no sum, so the same bits either way.
-template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED>
-int prewait_batches(const MmaSettings& ms, int N, int K, int S) {
-  if (ms.prewait >= 0 && !(ms.prewait == 2 && !ms.prewait2_shapes.empty())) return ms.prewait;
-  if (ms.prewait == 2 && ms.prewait2_shapes.count({N, K})) return 2;
-  constexpr int U = 8 / NT;
-  const int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0;
-  const bool persistent = slots > 0 && mma_blocks(N, NT, S, PAIR) > slots;
+// How many batches of an uploaded weight a product of up to 16 rows issues before its wait
+// (DFLASH_SKINNY_PREWAIT overrides it, MmaSettings). The rule: two where each warp walks at least
+// 8 batches of its K slice and the product runs a block a tile, one otherwise. Measured
+// (docs/benchmarks.md, thirty-third pass): two batches for q/k/v (8 batches a warp) and down (12)
+// made plain decode 0.6-0.9 % faster on an H200 and an H100 at 512 and 4096 cached rows; a DFlash
+// step was 1.5 % / 0.3 % shorter on the H200 at 512 / 4096 rows, level / 0.3-0.9 % longer on the
+// H100. Two for every product, the persistent ones included (gate/up and the LM head, whose
+// two-batch code spills), lost on the H200: plain decode -1.4 %, a step 0.8-2.2 % longer. o (4
+// batches a warp) was not measured alone on the H200. When a batch is loaded changes no sum, so
+// the same bits either way.
+int prewait_batches(const MmaSettings& ms, int N, int K, int S, int NT, bool persistent) {
+  if (ms.prewait == 2 && !ms.prewait2_shapes.empty()) {
+    if (ms.prewait2_shapes.count({N, K})) return 2;
+  } else if (ms.prewait >= 0) {
+    return ms.prewait;
+  }
+  const int U = 8 / NT;
   return !persistent && (K / 32) / S >= 8 * U ? 2 : 1;
 }
 
+// `slots` > 0: the persistent kernel with that many blocks (more tiles than resident slots).
 template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int PRE>
 void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N,
-                        int K, int S, bool accumulate, bool prewait, const SkinnyNorm& norm, cudaStream_t s) {
+                        int K, int S, bool accumulate, bool prewait, const SkinnyNorm& norm, int64_t tiles,
+                        int64_t slots, cudaStream_t s) {
   const MmaSettings& ms = mma_settings();
-  const int64_t tiles = mma_blocks(N, NT, S, PAIR);
   const auto* xp = static_cast<const __nv_bfloat16*>(x);
   const auto* wp = static_cast<const __nv_bfloat16*>(w);
-  if (const int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0; slots > 0 && tiles > slots) {
+  if (slots > 0) {
     unsigned* sched = ms.persist == 2 ? sched_counter(s) : nullptr;
     constexpr auto kernel = skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
     if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
@@ -747,13 +757,18 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   const MmaSettings& ms = mma_settings();
   const bool prewait = w_uploaded && ms.prewait != 0;
+  const int64_t tiles = mma_blocks(N, NT, S, PAIR);
+  int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0;
+  if (tiles <= slots) slots = 0;  // a block a tile
   if constexpr (MT == 1) {
-    if (prewait && prewait_batches<MT, NT, Out, EPI, PAIR, TILED>(ms, N, K, S) == 2) {
-      launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm, s);
+    if (prewait && prewait_batches(ms, N, K, S, NT, slots > 0) == 2) {
+      launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm,
+                                                           tiles, slots, s);
       return;
     }
   }
-  launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 1>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm, s);
+  launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 1>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm,
+                                                       tiles, slots, s);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
