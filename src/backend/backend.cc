@@ -467,15 +467,6 @@ void Backend::qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, co
   copy(v, v_dst);
 }
 
-void Backend::qk_norm_rope_attention(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
-                                     const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
-                                     int64_t head_dim, const RopeTable& table, Tensor& k_cache, Tensor& v_cache,
-                                     int64_t kv_pos0, int64_t kv_len, AttentionMask mask, Tensor& out) {
-  Tensor k_dst = k_cache.slice_rows(kv_pos0, k.rows), v_dst = v_cache.slice_rows(kv_pos0, v.rows);
-  qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, positions, head_dim, table, k_dst, v_dst);
-  attention(q, k_cache, v_cache, kv_len, positions.empty() ? 0 : positions[0], head_dim, mask, out);
-}
-
 FusedWeightShape fused_weight_shape(const std::vector<const TensorInfo*>& parts) {
   FusedWeightShape f;
   int64_t cols = -1;

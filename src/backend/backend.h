@@ -260,13 +260,6 @@ class Backend {
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
                                   int64_t head_dim, const RopeTable& table, Tensor& k_dst, Tensor& v_dst);
-  // qk_norm_rope_store into rows kv_pos0 … of the caches, then attention of q over the caches
-  // (kv_len keys, q_pos0 = positions[0]): a decoder layer's attention on freshly projected rows,
-  // which a backend may run as one step. q is left normed and rotated only by the default.
-  virtual void qk_norm_rope_attention(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
-                                      const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
-                                      int64_t head_dim, const RopeTable& table, Tensor& k_cache, Tensor& v_cache,
-                                      int64_t kv_pos0, int64_t kv_len, AttentionMask mask, Tensor& out);
 };
 
 // The shape of several checkpoint tensors concatenated along rows (a fused projection; a 1-D

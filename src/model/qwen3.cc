@@ -71,8 +71,10 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
   Tensor qkv = s.qkv.slice_rows(0, T), attn = s.attn.slice_rows(0, T);
   b.matmul_normed(normed, w.qkv_proj, qkv);
   Tensor q = qkv.slice_cols(0, q_cols);
-  b.qk_norm_rope_attention(q, qkv.slice_cols(q_cols, kv_cols), qkv.slice_cols(q_cols + kv_cols, kv_cols), w.q_norm,
-                           w.k_norm, eps, q_pos, D, rope, cache.k, cache.v, kv_pos0, kv_len, mask, attn);
+  Tensor k_dst = cache.k.slice_rows(kv_pos0, T), v_dst = cache.v.slice_rows(kv_pos0, T);
+  b.qk_norm_rope_store(q, qkv.slice_cols(q_cols, kv_cols), qkv.slice_cols(q_cols + kv_cols, kv_cols), w.q_norm,
+                       w.k_norm, eps, q_pos, D, rope, k_dst, v_dst);
+  b.attention(q, cache.k, cache.v, kv_len, q_pos[0], D, mask, attn);
   // The residual adds and the norms after them: normed.h (s.h) is reused, each norm being
   // consumed by the product right after it.
   b.matmul_add_norm(attn, w.o_proj, x, w.post_attention_norm, eps, normed);

@@ -27,15 +27,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <map>
 #include <string>
-#include <tuple>
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/qk_norm_rope.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -76,20 +73,6 @@ struct SplitArgs : AttentionOperands {
   // out, a sum of 1 K/V staging, 2 the q load, 4 the scores, 8 the softmax, 16 P·V, 32 P·V's
   // low-part mma's, 64 the partial-output stores.
   int diag;
-};
-
-// A decode row's q/k-norm, RoPE and cache store done by the clustered split itself
-// (qk_norm_rope_attention): q, k and v as the projection left them, the norms, the RoPE table.
-// Each block norms and rotates its group's query heads into its shared memory; the block of the
-// chunk holding the new row also its key and value, which it stores into the cache and stages
-// as the chunk's last row. The arithmetic is qk_norm_rope_head's (qk_norm_rope.cuh), the op's
-// own, so the same bits.
-struct FusedNewRow {
-  const __nv_bfloat16 *q, *k, *v;  // the row's heads as projected
-  const float *q_norm, *k_norm, *cos, *sin;
-  float eps;
-  int64_t pos;                   // RoPE position and cache row: kv_len − 1
-  __nv_bfloat16 *k_dst, *v_dst;  // that row of the caches
 };
 
 // Shared memory of one split block: K and V of the chunk as bf16 rows of D8 + 8 elements (the
@@ -309,10 +292,9 @@ __host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq) {
 // zeros and the V rows past the loaded keys are zeroed, so a row's partials depend only on its
 // query, its visible count and the keys. Of W warps, warp w computes the scores of keys
 // (64/W)·w … (64/W)·(w + 1) − 1 and the output columns 8(w + W·i) … of every m16 tile.
-template <int W, bool FUSED = false>
+template <int W>
 __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
-                                                int rows, int hg, int h_base, int64_t c0, int n_load,
-                                                const FusedNewRow& fused = FusedNewRow{}) {
+                                                int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, Dp = split_row_stride(a.D8);
   const int nq = rows * hg, mtiles = (nq + 15) / 16;
   auto* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -324,18 +306,14 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   // The queries first, as asynchronous copies in K's commit group: they were written by the
   // kernel just before (an L2 round trip), and a load here used to wait alone before the K/V
   // copies could be waited for.
-  if (FUSED || (!(a.diag & 2) && a.qvec)) {
+  if (!(a.diag & 2) && a.qvec) {
     for_row_segments(mtiles * 16, segs, [&](int qv, int s8) {
-      if (qv >= nq) *reinterpret_cast<uint4*>(Qs + qv * Dp + s8) = make_uint4(0, 0, 0, 0);
-      else if (!FUSED) cp_async16(Qs + qv * Dp + s8, a.q + (t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + s8);
+      if (qv < nq) cp_async16(Qs + qv * Dp + s8, a.q + (t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + s8);
+      else *reinterpret_cast<uint4*>(Qs + qv * Dp + s8) = make_uint4(0, 0, 0, 0);
     });
   }
-  // FUSED (one row): the new key is the last one the row sees, so where this chunk holds it it
-  // is the last loaded row, which comes from qk_norm_rope_head below instead of a copy.
-  const bool new_row_here = FUSED && fused.pos >= c0 && fused.pos < c0 + n_load;
   if (!(a.diag & 1)) {
-    stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D,
-                   new_row_here ? n_load - 1 : n_load);
+    stage_chunk_kv(a, Ks, Vs, Dp, a.k + c0 * a.ldk + int64_t(kvh) * D, a.v + c0 * a.ldv + int64_t(kvh) * D, n_load);
   } else {
     cp_async_commit();  // the queries' group (measuring only), then an empty one for V
     cp_async_commit();
@@ -344,33 +322,12 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   for_row_segments(kChunk - n_load, segs, [&](int j, int s8) {
     *reinterpret_cast<uint4*>(Vs + (n_load + j) * Dp + s8) = make_uint4(0, 0, 0, 0);
   });
-  if (FUSED || a.diag & 2 || a.qvec) {
+  if (a.diag & 2 || a.qvec) {
   } else {
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.f);
     for (int i = threadIdx.x; i < mtiles * 16 * D; i += int(blockDim.x)) {
       const int qv = i / D, d = i % D;
       Qs[qv * Dp + d] = qv < nq ? a.q[(t0 + qv / hg) * a.ldq + int64_t(h_base + qv % hg) * D + d] : zero;
-    }
-  }
-  if constexpr (FUSED) {
-    // Warp u < hg: query head h_base + u into query row u; where this chunk holds the new row,
-    // one warp more its key (into the key rows and the cache), and one its value (likewise).
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, units = hg + (new_row_here ? 2 : 0);
-    const int64_t p = fused.pos;
-    for (int u = warp; u < units; u += W) {
-      if (u < hg) {
-        qk_norm_rope_head<128>(fused.q + int64_t(h_base + u) * D, fused.q_norm, fused.eps, fused.cos, fused.sin,
-                               p, lane, Qs + u * Dp, nullptr);
-      } else if (u == hg) {
-        qk_norm_rope_head<128>(fused.k + int64_t(kvh) * D, fused.k_norm, fused.eps, fused.cos, fused.sin, p,
-                               lane, Ks + (p - c0) * Dp, fused.k_dst + int64_t(kvh) * D);
-      } else {
-        for (int d = lane; d < D; d += 32) {
-          const __nv_bfloat16 x = fused.v[int64_t(kvh) * D + d];
-          Vs[(p - c0) * Dp + d] = x;
-          fused.v_dst[int64_t(kvh) * D + d] = x;
-        }
-      }
     }
   }
   cp_async_wait<1>();
@@ -520,11 +477,13 @@ __global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
 // 2026-12-02; the same fmaf's in the same order, so the same bits). The first batch is loaded
 // before the max is known, so up to kMergeBatch chunks (1024 cached rows) cost one trip in all.
 constexpr int kMergeBatch = 16;
-// One (row, head) pair's merge by one warp (lane = its lane), for split_merge_kernel and for the
-// clustered split (split_cluster_kernel): the same code, so the same numbers either way.
 template <int V>
-__device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int lane) {
+__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
   static_assert(32 % kMergeBatch == 0, "a batch must not straddle two windows of 32 chunks");
+  grid_dependency_begin(a.dependents_first);  // see kDecodeSplitCarveout
+  const int lane = threadIdx.x % 32;
+  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
+  if (pair >= a.T * a.hq) return;  // whole warps
   const int64_t t = pair / a.hq;
   const int n = static_cast<int>((visible_keys(t, a.kv_len, a.q_pos0, a.causal) + kChunk - 1) / kChunk);
   const float2* ml = a.part_ml + pair * a.nc;
@@ -587,42 +546,6 @@ __device__ __forceinline__ void merge_pair(const SplitArgs& a, int64_t pair, int
   }
 }
 
-template <int V>
-__global__ void __launch_bounds__(128) split_merge_kernel(const SplitArgs a) {
-  grid_dependency_begin(a.dependents_first);  // see kDecodeSplitCarveout
-  const int64_t pair = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // t · hq + h
-  if (pair >= a.T * a.hq) return;  // whole warps
-  merge_pair<V>(a, pair, threadIdx.x % 32);
-}
-
-// split_kernel whose blocks of one (KV head, tile) form a thread-block cluster over the chunks
-// (cluster rank = chunk) and merge that tile's (row, head) pairs themselves after a cluster
-// barrier, instead of a merge launch (measuring, DFLASH_ATTN_CLUSTER_MERGE). The partials still
-// go through global memory (the release/acquire barrier orders them within the cluster) and
-// each pair is merged by merge_pair, so the numbers are split_merge_kernel's.
-template <int W, int CARVEOUT, int V, bool FUSED = false>
-__global__ void __launch_bounds__(W * 32) split_cluster_kernel(const SplitArgs a, const FusedNewRow fused) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int c = blockIdx.x, kvh = blockIdx.y;
-  const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
-  const int64_t t0 = int64_t(row_tile) * a.rows_per_block;
-  const int rows = static_cast<int>(min(int64_t(a.rows_per_block), a.T - t0));
-  const int h_in_group = head_tile * a.heads_per_block;
-  const int hg = min(a.heads_per_block, a.group - h_in_group);
-  const int h_base = kvh * a.group + h_in_group;
-  const int64_t c0 = int64_t(c) * kChunk;
-  const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
-  const TimelineMark mark = grid_dependency_begin();
-  if (n_load > 0) split_chunk_mma<W, FUSED>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load, fused);
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-  const int warp = threadIdx.x / 32, pairs = rows * hg, nc = static_cast<int>(gridDim.x);
-  for (int i = c + nc * warp; i < pairs; i += nc * W) {
-    const int64_t t = t0 + i / hg;
-    merge_pair<V>(a, t * a.hq + h_base + i % hg, threadIdx.x % 32);
-  }
-  mark.exit();
-}
-
 // Split tiles hold about this many queries (rows × heads); see attention().
 constexpr int kSplitTileQueries = 16;
 constexpr int64_t kSplitManyBlocks = 2048;
@@ -672,54 +595,6 @@ int split_max_queries(int D8) { return D8 <= 128 ? 64 : 32; }
 // Where the (max, sum) pairs end and the outputs begin: 256-byte aligned for the float4 stores.
 size_t split_ml_bytes(int64_t T, int64_t hq, int64_t nc) { return (size_t(T * hq * nc) * sizeof(float2) + 255) / 256 * 256; }
 
-// Whether this split launch merges inside clusters of its chunks' blocks (split_cluster_kernel)
-// instead of launching the merge: DFLASH_ATTN_CLUSTER_MERGE=1 (measuring), the tensor-core
-// path with 8 warps, D % 4 == 0, and at most kMaxClusterChunks chunks (a non-portable cluster
-// size past 8) where the device can place such a cluster.
-constexpr int64_t kMaxClusterChunks = 16;
-bool cluster_merge(const SplitArgs& a, SplitCarveout carveout, int warps, int64_t nc, int D, size_t smem, bool fused) {
-  static const bool asked = [] {
-    const char* e = std::getenv("DFLASH_ATTN_CLUSTER_MERGE");
-    return e && std::string(e) == "1";
-  }();
-  if (!(asked || fused) || !a.mma || warps != 8 || D % 4 || nc < 1 || nc > kMaxClusterChunks) return false;
-  auto* kernel = carveout == kCarveoutDecode ? split_cluster_kernel<8, kCarveoutDecode, 4>
-                 : carveout == kCarveoutBlock ? split_cluster_kernel<8, kCarveoutBlock, 4>
-                                              : split_cluster_kernel<8, kCarveoutDriver, 4>;
-  static const cudaError_t opt_in = [] {
-    const int smem_max = static_cast<int>(std::max(split_mma_smem_bytes(128, 64), split_mma_smem_bytes(kMaxHeadDim, 32)));
-    for (auto* k : {split_cluster_kernel<8, kCarveoutDecode, 4>, split_cluster_kernel<8, kCarveoutBlock, 4>,
-                    split_cluster_kernel<8, kCarveoutDriver, 4>, split_cluster_kernel<8, kCarveoutDecode, 4, true>,
-                    split_cluster_kernel<8, kCarveoutDriver, 4, true>}) {
-      if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max)) return e;
-      if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) return e;
-    }
-    return cudaSuccess;
-  }();
-  check(opt_in, "attention", "cudaFuncSetAttribute (clustered split)");
-  // Placeable clusters of nc blocks at this shared memory, asked once per (nc, smem, carveout).
-  static std::map<std::tuple<int64_t, size_t, int>, bool> placeable;
-  const auto key = std::make_tuple(nc, smem, int(carveout));
-  if (const auto it = placeable.find(key); it != placeable.end()) return it->second;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(nc), 1, 1);
-  cfg.blockDim = dim3(unsigned(warps * 32), 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = unsigned(nc);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    clusters = 0;
-  }
-  return placeable[key] = clusters > 0;
-}
-
 }  // namespace
 
 size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t kv_len) {
@@ -728,15 +603,11 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
   return split_ml_bytes(T, hq, nc) + size_t(T * hq * nc * head_dim) * sizeof(float);
 }
 
-namespace {
-
-// attention(), or with `fused` the clustered split that norms the decode row itself: false,
-// with nothing launched, where that cannot run.
-bool attention_impl(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
-                    int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-                    bool causal, void* scratch, cudaStream_t s, const FusedNewRow* fused) {
+void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
+               int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
+               bool causal, void* scratch, cudaStream_t s) {
   if (head_dim > kMaxHeadDim) throw Error("cuda attention: head_dim " + std::to_string(head_dim) + " > 256");
-  if (T * hq == 0) return !fused;
+  if (T * hq == 0) return;
   const float scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(head_dim));
   // 16-byte key loads need head_dim % 8 == 0 and 16-byte aligned rows and bases.
   const bool vec = head_dim % 8 == 0 && rows_aligned16(k, ldk, 2) && rows_aligned16(v, ldv, 2);
@@ -829,26 +700,6 @@ bool attention_impl(const void* q, int64_t ldq, const void* k, int64_t ldk, cons
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      if (fused && !(T == 1 && D == 128 && a.qvec && carveout != kCarveoutBlock &&
-                     cluster_merge(a, carveout, warps, nc, D, smem, true)))
-        return false;
-      if (fused) {
-        auto* clustered = carveout == kCarveoutDecode ? split_cluster_kernel<8, kCarveoutDecode, 4, true>
-                                                      : split_cluster_kernel<8, kCarveoutDriver, 4, true>;
-        if (carveout == kCarveoutDecode)
-          default_carveout<split_cluster_kernel<8, kCarveoutDecode, 4, true>>(kDecodeSplitCarveout, op);
-        launch_kernel_clustered(op, clustered, grid, warps * 32, smem, s, dim3(unsigned(nc), 1, 1), a, *fused);
-        return true;
-      }
-      if (cluster_merge(a, carveout, warps, nc, D, smem, false)) {
-        auto* clustered = carveout == kCarveoutDecode ? split_cluster_kernel<8, kCarveoutDecode, 4>
-                          : carveout == kCarveoutBlock ? split_cluster_kernel<8, kCarveoutBlock, 4>
-                                                       : split_cluster_kernel<8, kCarveoutDriver, 4>;
-        if (carveout == kCarveoutDecode) default_carveout<split_cluster_kernel<8, kCarveoutDecode, 4>>(kDecodeSplitCarveout, op);
-        if (carveout == kCarveoutBlock) default_carveout<split_cluster_kernel<8, kCarveoutBlock, 4>>(kBlockSplitCarveout, op);
-        launch_kernel_clustered(op, clustered, grid, warps * 32, smem, s, dim3(unsigned(nc), 1, 1), a, FusedNewRow{});
-        return true;
-      }
       launch_kernel(op, kernel, grid, warps * 32, smem, s, a);
     }
     // Measuring only: DFLASH_ATTN_MERGE_DEPENDENTS_FIRST=R lets dependents in first up to R rows
@@ -858,50 +709,11 @@ bool attention_impl(const void* q, int64_t ldq, const void* k, int64_t ldk, cons
       return e ? std::atoll(e) : int64_t(-1);
     }();
     a.dependents_first = dependents_first_rows >= 0 ? T <= dependents_first_rows : decode_split;
-    if (fused) return false;  // no chunks
     auto* merge = D % 4 == 0 ? split_merge_kernel<4> : split_merge_kernel<1>;
     launch_kernel("attention_merge", merge, blocks_for(T * hq * 32, 128), 128, 0, s, a);
-    return true;
+    return;
   }
-  if (fused) return false;
   prefill_attention(operands, hq, hkv, D, vec, s);
-  return true;
-}
-
-}  // namespace
-
-void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
-               int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
-               bool causal, void* scratch, cudaStream_t s) {
-  attention_impl(q, ldq, k, ldk, v, ldv, out, ldo, T, hq, hkv, head_dim, kv_len, q_pos0, causal, scratch, s, nullptr);
-}
-
-bool qk_norm_rope_attention_decode(const void* q, const void* k, const void* v, const float* q_norm,
-                                   const float* k_norm, float eps, const float* cos, const float* sin,
-                                   const void* k_cache, int64_t ldk, const void* v_cache, int64_t ldv, void* out,
-                                   int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, void* scratch,
-                                   cudaStream_t s) {
-  static const bool asked = [] {
-    const char* e = std::getenv("DFLASH_ATTN_FUSED_DECODE");  // measuring
-    return e && std::string(e) == "1";
-  }();
-  if (!asked || kv_len < 1) return false;
-  const int64_t pos = kv_len - 1;
-  FusedNewRow f{};
-  f.q = static_cast<const __nv_bfloat16*>(q);
-  f.k = static_cast<const __nv_bfloat16*>(k);
-  f.v = static_cast<const __nv_bfloat16*>(v);
-  f.q_norm = q_norm;
-  f.k_norm = k_norm;
-  f.cos = cos;
-  f.sin = sin;
-  f.eps = eps;
-  f.pos = pos;
-  f.k_dst = const_cast<__nv_bfloat16*>(static_cast<const __nv_bfloat16*>(k_cache)) + pos * ldk;
-  f.v_dst = const_cast<__nv_bfloat16*>(static_cast<const __nv_bfloat16*>(v_cache)) + pos * ldv;
-  // q is read only by the fused path (FusedNewRow), never staged from `q`.
-  return attention_impl(q, hq * head_dim, k_cache, ldk, v_cache, ldv, out, hq * head_dim, 1, hq, hkv, head_dim, kv_len,
-                        pos, true, scratch, s, &f);
 }
 
 }  // namespace dflash::cuda

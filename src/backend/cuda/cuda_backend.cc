@@ -469,47 +469,6 @@ class CudaBackend final : public Backend {
                              stream_);
   }
 
-  // One decode row at the end of the cache: the clustered split norms and stores the row itself
-  // (cuda::qk_norm_rope_attention_decode, measuring); anything else, or where that path does
-  // not apply, the two ops.
-  void qk_norm_rope_attention(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                              float eps, const std::vector<int32_t>& positions, int64_t head_dim,
-                              const RopeTable& table, Tensor& k_cache, Tensor& v_cache, int64_t kv_pos0,
-                              int64_t kv_len, AttentionMask mask, Tensor& out) override {
-    const int64_t hkv = head_dim > 0 ? k.cols / head_dim : 0;
-    const bool one_new_row = q.rows == 1 && k.rows == 1 && v.rows == 1 && out.rows == 1 && positions.size() == 1 &&
-                             mask == AttentionMask::Causal && head_dim == 128 && kv_len >= 1 &&
-                             kv_pos0 == kv_len - 1 && positions[0] == kv_len - 1 && kv_len <= k_cache.rows &&
-                             kv_len <= v_cache.rows && kv_len <= table.size();
-    if (one_new_row && q.dtype == DType::BF16 && k.dtype == DType::BF16 && v.dtype == DType::BF16 &&
-        k_cache.dtype == DType::BF16 && v_cache.dtype == DType::BF16 && out.dtype == DType::BF16 &&
-        q_norm.dtype == DType::F32 && k_norm.dtype == DType::F32 && q_norm.numel() == head_dim &&
-        k_norm.numel() == head_dim && table.head_dim() == head_dim && hkv > 0 && k.cols == hkv * head_dim &&
-        v.cols == k.cols && k_cache.cols == k.cols && v_cache.cols == k.cols && q.cols % (hkv * head_dim) == 0 &&
-        out.cols == q.cols) {
-      const int64_t hq = q.cols / head_dim;
-      OpTimer timer(prof_.get(), "qk_norm_rope_attention", [&] {
-        return std::string("T1 ") + kv_bucket(kv_len) + " " + std::to_string(hq) + "/" + std::to_string(hkv) + "x" +
-               std::to_string(head_dim);
-      });
-      std::shared_ptr<void> scratch;
-      if (const size_t bytes = attention_scratch_bytes(1, hq, head_dim, kv_len)) {
-        size_t rounded = 4096;
-        while (rounded < bytes) rounded *= 2;
-        scratch = pool_->allocate(rounded, "attention");
-      }
-      const RopeEntry& e = rope_table(table);
-      if (cuda::qk_norm_rope_attention_decode(q.data, k.data, v.data, q_norm.ptr<float>(), k_norm.ptr<float>(), eps,
-                                              static_cast<const float*>(e.cos.get()),
-                                              static_cast<const float*>(e.sin.get()), k_cache.data, k_cache.ld,
-                                              v_cache.data, v_cache.ld, out.data, hq, hkv, head_dim, kv_len,
-                                              scratch.get(), stream_))
-        return;
-    }
-    Backend::qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, positions, head_dim, table, k_cache, v_cache, kv_pos0,
-                                    kv_len, mask, out);
-  }
-
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
                  AttentionMask mask, Tensor& out) override {
     expect(q, DType::BF16, "attention", "q");

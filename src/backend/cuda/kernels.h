@@ -96,15 +96,6 @@ size_t attention_scratch_bytes(int64_t T, int64_t hq, int64_t head_dim, int64_t 
 void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, void* out,
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
                bool causal, void* scratch, cudaStream_t s);
-// Backend::qk_norm_rope_attention for one decode row (q, k, v as projected, the new row cache
-// row kv_len − 1, RoPE position kv_len − 1, head_dim 128) as one launch of clustered split
-// blocks, each norming what it uses (attention.cu, FusedNewRow); false, with nothing launched,
-// where that path does not apply (then the two ops run). DFLASH_ATTN_FUSED_DECODE=1, measuring.
-bool qk_norm_rope_attention_decode(const void* q, const void* k, const void* v, const float* q_norm,
-                                   const float* k_norm, float eps, const float* cos, const float* sin,
-                                   const void* k_cache, int64_t ldk, const void* v_cache, int64_t ldv, void* out,
-                                   int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, void* scratch,
-                                   cudaStream_t s);
 
 void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64_t ldo, Elem out_elem, int64_t rows,
               int64_t inter, cudaStream_t s);

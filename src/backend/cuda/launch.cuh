@@ -91,41 +91,22 @@ void default_carveout(int percent, const char* op) {
   (void)set;
 }
 
-// launch_kernel, and with cluster dimensions other than 1×1×1 also as thread-block clusters of
-// that shape (the kernel must allow the size where it is over 8).
 template <typename... Params, typename... Args>
-void launch_kernel_clustered(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t s, dim3 cluster, Args&&... args) {
+void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
   if (op_listed(OpList::NoOp, op)) return;
   if (const std::optional<int> c = carveout_for(op)) apply_carveout(reinterpret_cast<const void*>(kernel), *c, op);
-  cudaLaunchAttribute attrs[2]{};
-  unsigned n = 0;
-  if (cluster.x * cluster.y * cluster.z > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = cluster.x;
-    attrs[n].val.clusterDim.y = cluster.y;
-    attrs[n].val.clusterDim.z = cluster.z;
-    ++n;
-  }
-  if (pdl_enabled() && !op_listed(OpList::PdlSkip, op)) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() && !op_listed(OpList::PdlSkip, op) ? 1 : 0;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, "kernel launch");
-}
-
-template <typename... Params, typename... Args>
-void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   Args&&... args) {
-  launch_kernel_clustered(op, kernel, grid, block, smem, s, dim3(1, 1, 1), std::forward<Args>(args)...);
 }
 
 }  // namespace dflash::cuda

@@ -10,7 +10,6 @@
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/qk_norm_rope.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -61,8 +60,10 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
 
 // The same op for blocks of rows, one warp per (row, head) instead of one block: a block
 // each made 24576 blocks of 128 threads for a 512-row prompt at Qwen3-8B's heads (34 µs, H200).
-// qk_norm_rope_head (qk_norm_rope.cuh) gives the same numbers as qk_norm_rope_store_kernel, with
-// the launch's block count divided by eight.
+// Lane l holds elements l + 32·w, w < D / 32, so the sum of squares is taken as the block kernel
+// takes it (one butterfly per group of 32 elements, the groups' totals added in order from 0)
+// and the rotation's pairs j, j + D/2 sit in one lane (D % 64 == 0): the same numbers as
+// qk_norm_rope_store_kernel, with the launch's block count divided by eight.
 constexpr int kRowWarps = 8;
 template <int D>
 __global__ void __launch_bounds__(kRowWarps * 32)
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
                                     int64_t pos0, const float* cos, const float* sin, __nv_bfloat16* k_dst,
                                     int64_t ldkd, __nv_bfloat16* v_dst, int64_t ldvd) {
   static_assert(D % 64 == 0 && D <= 256, "rotation pairs in one lane; the block kernel's one element a thread");
-  constexpr int W = D / 32;
+  constexpr int W = D / 32, HALF = D / 2;
   grid_dependency_begin();
   const int heads = hq + 2 * hkv, lane = threadIdx.x % 32;
   const int64_t unit = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
@@ -88,8 +89,28 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const bool is_q = h < hq;
   const __nv_bfloat16* in = is_q ? q + r * ldq + int64_t(h) * D : k + r * ldk + int64_t(h - hq) * D;
   __nv_bfloat16* out = is_q ? q + r * ldq + int64_t(h) * D : k_dst + r * ldkd + int64_t(h - hq) * D;
+  const float* nw = is_q ? q_norm : k_norm;
+  float x[W];
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    x[w] = __bfloat162float(in[lane + 32 * w]);
+    total += warp_sum(x[w] * x[w]);
+  }
+  const float inv = rsqrtf(total / static_cast<float>(D) + eps);
+  float normed[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) normed[w] = __bfloat162float(__float2bfloat16_rn(nw[lane + 32 * w] * (x[w] * inv)));
   const int64_t p = positions ? positions[r] : pos0 + r;
-  qk_norm_rope_head<D>(in, is_q ? q_norm : k_norm, eps, cos, sin, p, lane, out, nullptr);
+  // Every lane has read its elements above; q is rotated in place.
+#pragma unroll
+  for (int w = 0; w < W / 2; ++w) {
+    const int j = lane + 32 * w;
+    const float c = cos[p * HALF + j], s = sin[p * HALF + j];
+    const float a = normed[w], b = normed[w + W / 2];
+    out[j] = __float2bfloat16_rn(a * c - b * s);
+    out[j + HALF] = __float2bfloat16_rn(b * c + a * s);
+  }
 }
 
 }  // namespace
