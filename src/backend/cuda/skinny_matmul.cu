@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                  const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
                                  int M, int N, int K, int S, bool accumulate, const SkinnyNorm norm, bool w_uploaded,
-                                 bool early_y, int tiles, unsigned* sched, int2 rotate) {
+                                 bool early_y, int tiles, unsigned* sched, int2 rotate, bool cross_tile) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -370,6 +370,20 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // taken are exactly `tiles`; whoever takes number tiles − 1 took the last and sets it back to
   // zero for the next kernel.
   __shared__ unsigned next_tile;
+  // cross_tile (DFLASH_SKINNY_CROSS_TILE, on by default): the next tile's first batch goes out in
+  // the last step of this tile's walk, before its last batch is used, so that a warp's loads do
+  // not stop at the barrier that ends the walk (where every block of the product stopped at
+  // about the same moment). The number comes from thread 0's counter read through `upcoming`,
+  // tagged with the tile it was taken in, so that a value left from the block's tile before is
+  // never taken for this one. The block computes the same tiles either way, and the sums are
+  // the same.
+  __shared__ volatile unsigned long long upcoming;
+  // Up to 16 rows only: with two m16 tiles the walk's registers do not hold it without spilling.
+  const bool cross = MT == 1 && cross_tile && rotate.x == 0;
+  if (cross) {  // no tile is numbered 2^32 − 1
+    if (threadIdx.x == 0) upcoming = ~0ull;
+    __syncthreads();
+  }
   int tile = blockIdx.x;
   int64_t block_n0 = int64_t(tile) * block_cols;
   int64_t n0 = block_n0 + int64_t(group) * kCols;
@@ -434,7 +448,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
   for (;;) {
     unsigned taken = 0;
-    if (sched && threadIdx.x == 0) taken = atomicAdd(sched, 1u);  // used after the main loop
+    if (sched && threadIdx.x == 0) taken = atomicAdd(sched, 1u);  // used one step into the walk
+    const bool publishes = cross && sched && threadIdx.x == 0;
     float acc[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -459,6 +474,23 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       // of it is still to come.
       for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = next_position(c, U, c_begin, c_end)) {
         load_next_batch<PRE, U>(load_next, next_early, c, left, c_begin, c_end);
+        // Thread 0 publishes the next tile's number from the second step on (by then the counter
+        // has answered: the first step's weights took as long), or in the only one.
+        if (publishes && (c != c_begin || left <= U))  // (no rotation where it publishes)
+          upcoming = (static_cast<unsigned long long>(unsigned(tile)) << 32) | (taken + gridDim.x);
+        if (cross && left <= U) {  // the last step: the next tile's first batch goes out now
+          unsigned following = unsigned(tile) + gridDim.x;
+          if (sched) {
+            unsigned long long v;
+            do v = upcoming; while (unsigned(v >> 32) != unsigned(tile));
+            following = unsigned(v);
+          }
+          const int64_t following_n0 = int64_t(following) * block_cols + int64_t(group) * kCols;
+          if (following < unsigned(tiles) && following_n0 < NO) {
+            point_rows(following_n0);
+            load(next, c_begin);
+          }
+        }
         // x for XU steps at a time, loaded together so their latencies overlap (one step at a
         // time with two m16 tiles, where the registers would not hold more without spilling).
         constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -502,6 +534,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
+    // A walk of no steps published nothing (thread 0's warp always walks; no warp waits on this).
+    if (publishes && !active) upcoming = (static_cast<unsigned long long>(unsigned(tile)) << 32) | (taken + gridDim.x);
     if (sched && threadIdx.x == 0) {
       next_tile = taken + gridDim.x;
       if (taken == unsigned(tiles) - 1) *sched = 0;
@@ -514,12 +548,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     tile = sched ? int(next_tile) : tile + int(gridDim.x);
     const bool more = tile < tiles;  // block-uniform
     if (more) {
+      // A warp that walked the tile before has this tile's first batch in `cur` already (cross).
+      const bool loaded = cross && active;
       block_n0 = int64_t(tile) * block_cols;
       n0 = block_n0 + int64_t(group) * kCols;
       active = n0 < NO && c_begin < c_end;
       point_rows(n0);
       rot = rotation_chunks(tile, rotate, c_end - c_begin, U);
-      if (active) load(cur, phys(c_begin));
+      if (active && !loaded) load(cur, phys(c_begin));
     }
 
     // Consecutive threads take consecutive columns of one row of y: coalesced stores.
@@ -598,6 +634,7 @@ struct MmaSettings {
   int persist = 2;  // 0: a block a tile; 1: resident blocks, tiles in a fixed stride; 2: from the counter
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
   int2 rotate{0, 1};  // DFLASH_SKINNY_ROTATE="mult[:group]" (rotation_chunks), measuring only
+  bool cross_tile = true;  // DFLASH_SKINNY_CROSS_TILE=0: the next tile's first batch after the walk's barrier
 };
 
 const MmaSettings& mma_settings() {
@@ -633,6 +670,7 @@ const MmaSettings& mma_settings() {
     }
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
+    if (const char* e = std::getenv("DFLASH_SKINNY_CROSS_TILE"); e && std::string(e) == "0") m.cross_tile = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_ROTATE")) {
       int mult = 0, group = 1;
       if (std::sscanf(e, "%d:%d", &mult, &group) >= 1 && mult >= 0 && group >= 1) m.rotate = make_int2(mult, group);
@@ -743,7 +781,8 @@ void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, 
     constexpr auto kernel = skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
     if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
     launch_kernel("matmul (skinny)", kernel, unsigned(slots), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y),
-                  ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, static_cast<int>(tiles), sched, ms.rotate);
+                  ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, static_cast<int>(tiles), sched, ms.rotate,
+                  ms.cross_tile);
     return;
   }
   constexpr auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
