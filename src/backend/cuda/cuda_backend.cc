@@ -105,8 +105,6 @@ class CudaBackend final : public Backend {
     read_back_ = std::make_unique<ReadBack>(stream_);
     sampling_ = std::make_unique<SamplingOps>(*pool_, stream_, *read_back_, prof_.get());
     if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS"); e && std::string(e) == "1") tile_weights_ = true;
-    if (const char* e = std::getenv("DFLASH_CUDA_WEIGHT_PAD"); e && std::atoi(e) > 0 && std::atoi(e) % 8 == 0)
-      weight_pad_ = std::atoi(e);
   }
 
   ~CudaBackend() override {
@@ -162,9 +160,7 @@ class CudaBackend final : public Backend {
     const bool matrix = shape.all_matrices;
     const DType dt = matrix ? DType::BF16 : DType::F32;
     Tensor t;
-    // DFLASH_CUDA_WEIGHT_PAD (measuring): matrix rows that many elements apart beyond their length.
-    const int64_t ld = matrix ? cols + weight_pad_ : cols;
-    const size_t bytes = size_t(rows * ld) * dtype_size(dt);
+    const size_t bytes = size_t(rows * cols) * dtype_size(dt);
     t.storage = weight_memory(bytes, "'" + parts.front()->name + "'");
     void* p = t.storage.get();
     t.data = p;
@@ -172,7 +168,7 @@ class CudaBackend final : public Backend {
     t.device = DeviceKind::CUDA;
     t.rows = rows;
     t.cols = cols;
-    t.ld = ld;
+    t.ld = cols;
     char* dst = static_cast<char*>(p);
     std::vector<uint16_t> half;
     std::vector<float> wide;
@@ -190,12 +186,11 @@ class CudaBackend final : public Backend {
         convert_to_f32(part->dtype, part->data, wide.data(), n);
         src = wide.data();
       }
-      const size_t es = dtype_size(dt), part_rows = n / size_t(cols);
+      const size_t nb = n * dtype_size(dt);
       // Synchronous: the staging vectors are reused for the next part.
-      check(cudaMemcpy2D(dst, size_t(ld) * es, src, size_t(cols) * es, size_t(cols) * es, part_rows,
-                         cudaMemcpyHostToDevice),
-            "upload_weight", ("copying '" + part->name + "' to the device").c_str());
-      dst += part_rows * size_t(ld) * es;
+      check(cudaMemcpy(dst, src, nb, cudaMemcpyHostToDevice), "upload_weight",
+            ("copying '" + part->name + "' to the device").c_str());
+      dst += nb;
     }
     t.weight = true;
     if (tile_weights_ && matrix && skinny_tiles(rows, cols, cols)) {
@@ -743,7 +738,6 @@ class CudaBackend final : public Backend {
     int64_t rows = 0, cols = 0;
   };
   bool tile_weights_ = false;
-  int weight_pad_ = 0;
   std::map<const void*, TiledCopy> tiled_;
 };
 
