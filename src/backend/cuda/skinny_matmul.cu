@@ -618,7 +618,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // where there are more tiles than slots (as before the eighteenth pass), =1 has the
 // persistent kernel's blocks take their tiles in a fixed stride instead of from the counter;
 // DFLASH_SKINNY_SLICES="N:K=S,…" sets the K slices of a weight shape, DFLASH_SKINNY_ROTATE="mult:group"
-// starts each tile's walk of its K slice at a batch of its own (rotation_chunks; both measuring only).
+// starts each tile's walk of its K slice at a batch of its own (rotation_chunks; both measuring only),
+// DFLASH_SKINNY_CROSS_TILE=0 has the persistent kernel issue a tile's first batch after the barrier
+// that ends the tile before (not in that tile's last step) and DFLASH_SKINNY_PREWAIT_PERSISTENT=1
+// gives the persistent products one batch before their wait (prewait_batches; both measuring).
 struct MmaSettings {
   bool enabled = false;
   int64_t target_warps = kTargetWarps;
@@ -635,6 +638,7 @@ struct MmaSettings {
   std::map<std::pair<int, int>, int> slices;  // DFLASH_SKINNY_SLICES: (N, K) -> S, measuring only
   int2 rotate{0, 1};  // DFLASH_SKINNY_ROTATE="mult[:group]" (rotation_chunks), measuring only
   bool cross_tile = true;  // DFLASH_SKINNY_CROSS_TILE=0: the next tile's first batch after the walk's barrier
+  int prewait_persistent = 2;  // DFLASH_SKINNY_PREWAIT_PERSISTENT=1: the rule gives persistent products one
 };
 
 const MmaSettings& mma_settings() {
@@ -671,6 +675,7 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_CROSS_TILE"); e && std::string(e) == "0") m.cross_tile = false;
+    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT_PERSISTENT"); e && std::string(e) == "1") m.prewait_persistent = 1;
     if (const char* e = std::getenv("DFLASH_SKINNY_ROTATE")) {
       int mult = 0, group = 1;
       if (std::sscanf(e, "%d:%d", &mult, &group) >= 1 && mult >= 0 && group >= 1) m.rotate = make_int2(mult, group);
@@ -750,14 +755,16 @@ constexpr int kSkinnyCarveout = 25;
 
 // How many batches of an uploaded weight a product of up to 16 rows issues before its wait
 // (DFLASH_SKINNY_PREWAIT overrides it, MmaSettings). The rule: two where each warp walks at least
-// 8 batches of its K slice and the product runs a block a tile, one otherwise. Measured
-// (docs/benchmarks.md, thirty-third pass): two batches for q/k/v (8 batches a warp) and down (12)
-// made plain decode 0.6-0.9 % faster on an H200 and an H100 at 512 and 4096 cached rows; a DFlash
-// step was 1.5 % / 0.3 % shorter on the H200 at 512 / 4096 rows, level / 0.3-0.9 % longer on the
-// H100. Two for every product, the persistent ones included (gate/up and the LM head, whose
-// two-batch code spills), lost on the H200: plain decode -1.4 %, a step 0.8-2.2 % longer. o (4
-// batches a warp) was not measured alone on the H200. When a batch is loaded changes no sum, so
-// the same bits either way.
+// 8 batches of its K slice, one otherwise. Measured (docs/benchmarks.md, thirty-third pass): two
+// batches for q/k/v (8 batches a warp) and down (12) made plain decode 0.6-0.9 % faster on an
+// H200 and an H100 at 512 and 4096 cached rows; a DFlash step was 1.5 % / 0.3 % shorter on the
+// H200 at 512 / 4096 rows, level / 0.3-0.9 % longer on the H100. The persistent kernels (gate/up,
+// 8 batches a warp, and the LM head, 16) lost with two then, when their two-batch code spilled
+// (plain decode -1.4 %); since the walk's last step issues the next tile's first batch
+// (cross_tile) their two-batch code keeps its main loop free of spills, and two for them made
+// plain decode 2.2 % faster and a step 1.6 % shorter on an H200 (thirty-fifth pass;
+// DFLASH_SKINNY_PREWAIT_PERSISTENT=1 gives them one again, for measuring). o (4 batches a warp)
+// keeps one. When a batch is loaded changes no sum, so the same bits either way.
 int prewait_batches(const MmaSettings& ms, int N, int K, int S, int NT, bool persistent) {
   if (ms.prewait == 2 && !ms.prewait2_shapes.empty()) {
     if (ms.prewait2_shapes.count({N, K})) return 2;
@@ -765,7 +772,7 @@ int prewait_batches(const MmaSettings& ms, int N, int K, int S, int NT, bool per
     return ms.prewait;
   }
   const int U = 8 / NT;
-  return !persistent && (K / 32) / S >= 8 * U ? 2 : 1;
+  return (!persistent || ms.prewait_persistent == 2) && (K / 32) / S >= 8 * U ? 2 : 1;
 }
 
 // `slots` > 0: the persistent kernel with that many blocks (more tiles than resident slots).
