@@ -758,11 +758,11 @@ constexpr int kSkinnyCarveout = 25;
 // 8 batches of its K slice, one otherwise. Measured (docs/benchmarks.md, thirty-third pass): two
 // batches for q/k/v (8 batches a warp) and down (12) made plain decode 0.6-0.9 % faster on an
 // H200 and an H100 at 512 and 4096 cached rows; a DFlash step was 1.5 % / 0.3 % shorter on the
-// H200 at 512 / 4096 rows, level / 0.3-0.9 % longer on the H100. The persistent kernels (gate/up,
-// 8 batches a warp, and the LM head, 16) lost with two then, when their two-batch code spilled
-// (plain decode -1.4 %); since the walk's last step issues the next tile's first batch
-// (cross_tile) their two-batch code keeps its main loop free of spills, and two for them made
-// plain decode 2.2 % faster and a step 1.6 % shorter on an H200 (thirty-fifth pass;
+// H200 at 512 / 4096 rows, level / 0.3-0.9 % longer on the H100. Two for every product then
+// lost (plain decode -1.4 %), but that setting gave o two as well, whose early weights lengthen
+// the split attention beside it (thirty-fourth pass). Two for the persistent products alone
+// (gate/up, 8 batches a warp, and the LM head, 16; with the cross-tile walk) made plain decode
+// 2.2 % faster and a step 1.6 % shorter on an H200 (thirty-fifth pass;
 // DFLASH_SKINNY_PREWAIT_PERSISTENT=1 gives them one again, for measuring). o (4 batches a warp)
 // keeps one. When a batch is loaded changes no sum, so the same bits either way.
 int prewait_batches(const MmaSettings& ms, int N, int K, int S, int NT, bool persistent) {
