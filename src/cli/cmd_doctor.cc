@@ -937,7 +937,7 @@ int run_doctor(const DoctorArgs& a) {
                       double(window) / double(1 << 20));
       for (const auto [N, K, S] : {std::array<int, 3>{24576, 4096, 4}, {4096, 12288, 8}, {4096, 12288, 4},
                                    {4096, 4096, 8}, {4096, 4096, 4}})
-        for (int variant = 0; variant <= 8; ++variant) {
+        for (int variant = 0; variant <= 9; ++variant) {
           const int s = variant >= 3 && variant <= 5 ? std::min(S, 4) : S;  // 4-warp blocks: at most 4 slices
           std::printf("pattern %d read bandwidth: %.1f GB/s (w[%d, %d], %d K slices, 8 launches)\n", variant,
                       cuda::rows_read_bandwidth(N, K, s, 8, variant) / 1e9, N, K, s);

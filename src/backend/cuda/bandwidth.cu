@@ -67,19 +67,22 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4* __restrict__ p, 
 // R (8 or 16) rows of a [N, K] bf16 matrix and a K slice of 1/S; lane (g, t) reads 16 bytes of
 // rows g (and g + 8) at unit t + 4c of chunk c, U chunks a batch, the next batch issued before
 // the current one is used. What streaming a weight this way can reach, beside read_kernel's.
-template <int R, int U, int F = 0>
+// PAIR (R = 16): the gate/up product's pattern, a warp's two groups of 8 rows N / 2 rows apart
+// (gate rows n … n + 7 and up rows N / 2 + n …) instead of 16 neighbours.
+template <int R, int U, int F = 0, bool PAIR = false>
 __global__ void __launch_bounds__(256, 2) rows_kernel(const char* __restrict__ w, int N, int K, int S,
                                                       unsigned* sink) {
   constexpr int H = R / 8;
   const uint64_t policy = F == 3 ? evict_first_policy() : 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int G = 8 / S, group = warp % G, slice = warp / G;
-  const int64_t n0 = (int64_t(blockIdx.x) * G + group) * R;
-  if (n0 >= N) return;
+  const int64_t n0 = (int64_t(blockIdx.x) * G + group) * (PAIR ? 8 : R);
+  if (n0 >= (PAIR ? N / 2 : N)) return;
   const int chunks = K / 32, c_begin = slice * chunks / S, c_end = (slice + 1) * chunks / S;
   const uint4* row[H];
 #pragma unroll
-  for (int h = 0; h < H; ++h) row[h] = reinterpret_cast<const uint4*>(w + (n0 + 8 * h + g) * int64_t(K) * 2) + t;
+  for (int h = 0; h < H; ++h)
+    row[h] = reinterpret_cast<const uint4*>(w + (n0 + (PAIR ? h * int64_t(N / 2) : 8 * h) + g) * int64_t(K) * 2) + t;
   uint4 cur[U][H], next[U][H];
   auto load = [&](uint4 (&d)[U][H], int c) {
 #pragma unroll
@@ -437,6 +440,7 @@ double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
       case 5: rows_smem_kernel<4, 4><<<smem_blocks, 128, smem5>>>(w, N, K, S, sink); break;
       case 6: rows_kernel<16, 4, 1><<<rows16, 256>>>(w, N, K, S, sink); break;
       case 7: rows_kernel<16, 4, 2><<<rows16, 256>>>(w, N, K, S, sink); break;
+      case 9: rows_kernel<16, 4, 0, true><<<rows16, 256>>>(w, N, K, S, sink); break;
       default: rows_kernel<16, 4, 3><<<rows16, 256>>>(w, N, K, S, sink); break;
     }
   };

@@ -38,7 +38,7 @@ double read_bandwidth(size_t window, size_t total, int flavour = 0, int unroll =
 // two-tile pattern); 1 8 rows, 8 chunks (its one-tile pattern); 2 8 rows, 4 chunks; 3, 4, 5
 // through shared memory with coalesced cp.async (4 chunks 3 stages, 8 chunks 3 stages, 4
 // chunks 4 stages; 4-warp blocks); 6, 7, 8 variant 0 with the load flavours 1, 2, 3 of
-// read_bandwidth.
+// read_bandwidth; 9 variant 0 with a warp's two groups of 8 rows N / 2 apart (the gate/up pattern).
 double rows_read_bandwidth(int N, int K, int S, int launches, int variant);
 // Microseconds to read `bytes` once (the best of five) after L2 was flushed and then, by mode:
 // 0 nothing; 1 a bulk prefetch into L2 (as the products stage a weight) and a 50 µs pause;
