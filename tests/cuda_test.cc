@@ -418,64 +418,6 @@ TensorInfo bf16_checkpoint_tensor(const std::string& name, int64_t rows, int64_t
   return ti;
 }
 
-// The gate/up weight as a model uploads it (upload_gate_up: rows interleaved by 8 on the CUDA
-// backend, so that a warp of the paired product reads 16 neighbouring rows) against the same
-// values concatenated by upload_weight (two halves): the paired kernel's outputs bit for bit at
-// one m16 tile and two, with a deferred norm and without; prefill's composition (cuBLAS, then
-// silu_mul reading the interleaved columns) within rounding of the halves; an intermediate size
-// that is not whole groups of 8 keeps the halves; a plain product of the interleaved weight is
-// refused, since its columns would come out interleaved.
-TEST(CudaSkinny, GateUpInterleavedBy8EqualsHalves) {
-  REQUIRE_GPU(backend);
-  Backend& b = *backend;
-  std::mt19937 rng(31);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<std::vector<uint16_t>> keep;
-  auto info = [&](const std::string& name, int64_t rows, int64_t cols) {
-    keep.emplace_back(size_t(rows * cols));
-    for (auto& v : keep.back()) v = f32_to_bf16(0.02f * nd(rng));
-    return bf16_checkpoint_tensor(name, rows, cols, keep.back());
-  };
-  const int64_t H = 4096, I = 12288;
-  const TensorInfo gate = info("gate", I, H), up = info("up", I, H);
-  const Tensor by8 = b.upload_gate_up(gate, up), halves = b.upload_weight({&gate, &up});
-  ASSERT_TRUE(by8.gate_up_interleaved) << "the CUDA backend interleaves gate/up by 8 by default";
-  ASSERT_FALSE(halves.gate_up_interleaved);
-  RandomTensors tensor{b, 37};
-  for (const int64_t M : {1, 16, 17, 32, 40}) {
-    const Tensor x = tensor(M, H, 1.f, DType::BF16), x32 = tensor(M, H, 1.f, DType::F32);
-    const Tensor nw = tensor(1, H, 1.f, DType::F32);
-    auto act_of = [&](const Tensor& w, bool normed_rows) {
-      Tensor act = b.alloc(M, I, DType::BF16);
-      if (normed_rows) {
-        NormedRows normed;
-        normed.h = b.alloc(M, H, b.activation_dtype());
-        b.norm_rows(x32, nw, 1e-6f, normed);
-        b.matmul_silu_mul_normed(normed, w, act);
-      } else {
-        b.matmul_silu_mul(x, w, act);
-      }
-      return download(b, act);
-    };
-    for (const bool normed_rows : {false, true}) {
-      const auto a8 = act_of(by8, normed_rows), ah = act_of(halves, normed_rows);
-      if (M <= 32)
-        EXPECT_EQ(a8, ah) << "M = " << M << (normed_rows ? ", deferred norm" : "") << ": interleaved by 8 differs";
-      else
-        EXPECT_LT(relative_l2(a8, ah), 1e-2) << "M = " << M << (normed_rows ? ", deferred norm" : "");
-    }
-  }
-  const TensorInfo gate_odd = info("gate", 100, 64), up_odd = info("up", 100, 64);
-  EXPECT_FALSE(b.upload_gate_up(gate_odd, up_odd).gate_up_interleaved) << "100 rows each: not whole groups of 8";
-  Tensor y = b.alloc(1, 2 * I, DType::BF16);
-  try {
-    b.matmul(tensor(1, H, 1.f, DType::BF16), by8, y);
-    ADD_FAILURE() << "a plain product of an interleaved gate/up weight ran";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("interleaved"), std::string::npos) << e.what();
-  }
-}
-
 // A residual product emitting the next norm (w: o- or down-shaped), then a product consuming it
 // (wq), for rows first … first + n of a and x0: the residual with the emitted h, and the
 // consumer's output.
@@ -611,20 +553,6 @@ TEST(CudaSkinny, TiledWeightsGiveTheSameBits) {
   const int64_t H = 4096, I = 12288;
   const Pair w_plain = weight("plain", 4100, H), w_many = weight("many tiles", 20000, H), wo = weight("o", H, H);
   const Pair gu = weight("gate_up", 2 * I, H), nw = both(values(H, 1.f), 1, H, DType::F32);
-  // Gate and up as a model uploads them: interleaved by 8 (the tiled copy made from that order).
-  const Pair gu8 = [&] {
-    const auto g = values(I * H, 0.02f), u = values(I * H, 0.02f);
-    for (const auto* v : {&g, &u}) {
-      keep.emplace_back(v->size());
-      for (size_t i = 0; i < v->size(); ++i) keep.back()[i] = f32_to_bf16((*v)[i]);
-    }
-    const TensorInfo gi = bf16_checkpoint_tensor("gate", I, H, keep[keep.size() - 2]);
-    const TensorInfo ui = bf16_checkpoint_tensor("up", I, H, keep.back());
-    Pair w{plain->upload_gate_up(gi, ui), tiled->upload_gate_up(gi, ui)};
-    EXPECT_TRUE(w.plain.gate_up_interleaved && w.tiled.gate_up_interleaved);
-    EXPECT_TRUE(cuda::has_tiled_copy(*tiled, w.tiled)) << "gate/up by 8: no tiled copy";
-    return w;
-  }();
   for (const int64_t M : {1, 5, 16, 17, 32}) {
     const Pair x = both(values(M * H, 1.f), M, H, DType::BF16), r = both(values(M * H, 1.f), M, H, DType::F32);
     // What one backend computes from its copies: each product's output, downloaded.
@@ -648,13 +576,11 @@ TEST(CudaSkinny, TiledWeightsGiveTheSameBits) {
       b.matmul_silu_mul_normed(normed, pick(gu), act);
       out.push_back(download(b, y));
       out.push_back(download(b, act));
-      b.matmul_silu_mul_normed(normed, pick(gu8), act);
-      out.push_back(download(b, act));
       return out;
     };
     const auto a = run(*plain, false), t = run(*tiled, true);
     const char* names[] = {"matmul, partial n8 tile", "matmul, many tiles", "residual + norm", "normed h",
-                           "consuming product", "gate/up + SwiGLU", "gate/up by 8 + SwiGLU"};
+                           "consuming product", "gate/up + SwiGLU"};
     ASSERT_EQ(a.size(), t.size());
     for (size_t i = 0; i < a.size(); ++i)
       EXPECT_EQ(t[i], a[i]) << "M = " << M << ": " << names[i] << " differs between the tiled and the plain copy";

@@ -451,7 +451,6 @@ void Backend::matmul_silu_mul_normed(const NormedRows& in, const Tensor& w_gate_
 
 void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& act) {
   Tensor gate_up = alloc(x.rows, w_gate_up.rows, activation_dtype());
-  gate_up.gate_up_interleaved = w_gate_up.gate_up_interleaved;  // the product's columns keep the rows' order
   matmul(x, w_gate_up, gate_up);
   silu_mul(gate_up, act);
 }

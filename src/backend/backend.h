@@ -134,9 +134,6 @@ class Backend {
   // A weight in the backend's compute format. Several tensors are concatenated along rows
   // (fused q/k/v and gate/up projections).
   virtual Tensor upload_weight(const std::vector<const TensorInfo*>& parts) = 0;
-  // An MLP's gate and up weights as one, for matmul_silu_mul: gate then up (upload_weight's
-  // layout), or in the backend's own row order (CUDA: Tensor::gate_up_interleaved).
-  virtual Tensor upload_gate_up(const TensorInfo& gate, const TensorInfo& up) { return upload_weight({&gate, &up}); }
   virtual Tensor upload(const float* host, int64_t rows, int64_t cols) = 0;
   virtual void download(const Tensor& t, float* host) = 0;  // rows × cols, packed
 
@@ -151,8 +148,7 @@ class Backend {
   // out[t] = softmax(q[t]·kᵀ · head_dim^-0.5) · v over keys 0 … kv_len − 1, with GQA.
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len,
                          int64_t q_pos0, int64_t head_dim, AttentionMask mask, Tensor& out) = 0;
-  // gate_up [T, 2I] (gate then up, or interleaved by 8: Tensor::gate_up_interleaved) → out [T, I]
-  // = silu(gate) * up.
+  // gate_up [T, 2I] (gate then up) → out [T, I] = silu(gate) * up.
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
   virtual void embed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& out) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape, any strides

@@ -25,10 +25,6 @@ struct Tensor {
   // Made by Backend::upload_weight, and never written after: the CUDA products start reading
   // such a matrix before the kernel ahead of them has finished (backend/cuda/launch.cuh).
   bool weight = false;
-  // Gate and up rows (a weight from Backend::upload_gate_up) or columns (its product) that
-  // alternate in groups of 8 instead of lying in two halves: the CUDA backend's layout, where a
-  // warp's gate and up rows are then 16 neighbours. Only silu_mul and matmul_silu_mul read it.
-  bool gate_up_interleaved = false;
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return rows * cols; }
@@ -55,8 +51,7 @@ struct Tensor {
   }
   std::string describe() const {
     return std::string(dtype_name(dtype)) + "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]" +
-           (packed ? " (packed)" : "") +
-           (gate_up_interleaved ? " (gate/up interleaved by 8)" : "");
+           (packed ? " (packed)" : "");
   }
 };
 

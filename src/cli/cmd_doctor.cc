@@ -72,33 +72,18 @@ class Doctor {
   Tensor poisoned(int64_t rows, int64_t cols, DType dt) {
     return to_test(std::vector<float>(size_t(rows * cols), std::nanf("")), rows, cols, dt);
   }
-  // Random bf16 bytes as a checkpoint would hand them over (kept alive in bf16_).
-  TensorInfo checkpoint_tensor(const std::string& name, int64_t rows, int64_t cols, float scale, bool vector = false) {
+  // A weight on each backend from the same bf16 bytes, as a checkpoint would hand it over.
+  std::pair<Tensor, Tensor> weight(int64_t rows, int64_t cols, float scale, bool vector = false) {
     const auto v = random(rows * cols, scale);
     bf16_.emplace_back(v.size());
     for (size_t i = 0; i < v.size(); ++i) bf16_.back()[i] = f32_to_bf16(v[i]);
     TensorInfo info;
-    info.name = name;
+    info.name = "doctor.weight";
     info.dtype = DType::BF16;
     info.shape = vector ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
     info.data = reinterpret_cast<const uint8_t*>(bf16_.back().data());
     info.nbytes = v.size() * 2;
-    return info;
-  }
-  // A weight on each backend from the same bf16 bytes.
-  std::pair<Tensor, Tensor> weight(int64_t rows, int64_t cols, float scale, bool vector = false) {
-    const TensorInfo info = checkpoint_tensor("doctor.weight", rows, cols, scale, vector);
     return {t_.upload_weight({&info}), r_.upload_weight({&info})};
-  }
-  // An MLP's gate and up weights on each backend, as a model uploads them (the test backend's
-  // own row order), and on the test backend as upload_weight concatenates them.
-  struct GateUp {
-    Tensor test, ref, test_halves;
-  };
-  GateUp gate_up_weight(int64_t inter, int64_t cols, float scale) {
-    const TensorInfo gate = checkpoint_tensor("doctor.gate", inter, cols, scale);
-    const TensorInfo up = checkpoint_tensor("doctor.up", inter, cols, scale);
-    return {t_.upload_gate_up(gate, up), r_.upload_gate_up(gate, up), t_.upload_weight({&gate, &up})};
   }
 
   std::vector<float> fetch(Backend& b, const Tensor& t) {
@@ -205,10 +190,7 @@ class Doctor {
     auto [at, ar] = activation(random(M * K, 3.0f), M, K);
     auto [wot, wor] = weight(H, K, 1.0f / std::sqrt(float(K)));
     auto [nt, nr] = weight(1, H, 2.0f, /*vector=*/true);
-    auto [wt, wr] = pair ? [&] {
-      const GateUp gu = gate_up_weight(N / 2, H, 1.0f / std::sqrt(float(H)));
-      return std::pair{gu.test, gu.ref};
-    }() : weight(N, H, 1.0f / std::sqrt(float(H)));
+    auto [wt, wr] = weight(N, H, 1.0f / std::sqrt(float(H)));
     const auto x0 = random(M * H, 3.0f);
     const int64_t out_cols = pair ? N / 2 : N;
     auto chain = [&](Backend& b, const Tensor& a, const Tensor& wo, const Tensor& nw, const Tensor& w, Tensor& x,
@@ -246,15 +228,13 @@ class Doctor {
   void matmul_silu_mul(int64_t M, int64_t K, int64_t I) {
     const DType dt = t_.activation_dtype();
     auto [xt, xr] = activation(random(M * K, 3.0f), M, K);
-    const GateUp gu = gate_up_weight(I, K, 1.0f / std::sqrt(float(K)));
-    const Tensor &wt = gu.test, &wr = gu.ref;
-    Tensor yt = poisoned(M, I, dt), yc = poisoned(M, I, dt), yh = poisoned(M, I, dt);
+    auto [wt, wr] = weight(2 * I, K, 1.0f / std::sqrt(float(K)));
+    Tensor yt = poisoned(M, I, dt), yc = poisoned(M, I, dt);
     Tensor yr = r_.alloc(M, I, r_.activation_dtype());
     t_.matmul_silu_mul(xt, wt, yt);
     t_.Backend::matmul_silu_mul(xt, wt, yc);  // matmul, then silu_mul
-    t_.matmul_silu_mul(xt, gu.test_halves, yh);
     r_.matmul_silu_mul(xr, wr, yr);
-    const auto got = fetch(t_, yt), composed = fetch(t_, yc), halves = fetch(t_, yh), want = fetch(r_, yr);
+    const auto got = fetch(t_, yt), composed = fetch(t_, yc), want = fetch(r_, yr);
     Tensor ys = t_.alloc(M, I, dt);
     const double us = time_us([&] { t_.matmul_silu_mul(xt, wt, ys); }, ys);
     const double us_composed = time_us([&] { t_.Backend::matmul_silu_mul(xt, wt, ys); }, ys);
@@ -264,15 +244,12 @@ class Doctor {
                   double(2 * I * K * 2) / (us * 1e3), us_composed);
     report("matmul_silu_mul", sh, got, want, tol_for(dt), us, note);
     bitwise("matmul_silu_mul=", sh + " paired", got, composed, "== matmul + silu_mul, bitwise");
-    // The fused kernel's rows; prefill's product (cuBLAS) is held to the CPU's tolerance above.
-    if (wt.gate_up_interleaved && M <= 32)
-      bitwise("matmul_silu_mul=", sh + " by8", got, halves, "gate/up interleaved by 8 == two halves, bitwise");
   }
 
   void matmul_silu_mul_batch_invariance(int64_t M, int64_t K, int64_t I) {
     const DType dt = t_.activation_dtype();
     Tensor xt = to_test(random(M * K, 3.0f), M, K, dt);
-    const Tensor wt = gate_up_weight(I, K, 1.0f / std::sqrt(float(K))).test;
+    auto [wt, wr] = weight(2 * I, K, 1.0f / std::sqrt(float(K)));
     Tensor yb = poisoned(M, I, dt);
     t_.matmul_silu_mul(xt, wt, yb);
     rows_alone("matmul_silu_mul=", shape("x", M, K) + " w" + dims(2 * I, K) + " row-alone", fetch(t_, yb), M, I,
@@ -406,23 +383,6 @@ class Doctor {
     const auto got = fetch(t_, ot), want = fetch(r_, orf);
     const double us = time_us([&] { t_.silu_mul(gt, ot); }, ot);
     report("silu_mul", shape("gate_up", rows, 2 * inter), got, want, tol_for(dt), us);
-    if (t_.device() == DeviceKind::CPU || inter % 8 != 0) return;
-    // The same values with the gate and up columns alternating by 8 (a gate/up product
-    // interleaved by 8, as the CUDA backend uploads them): the same outputs.
-    const auto host = fetch(r_, gr);
-    std::vector<float> by8(host.size());
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < inter; ++c) {
-        const int64_t at = r * 2 * inter + c / 8 * 16 + c % 8;
-        by8[size_t(at)] = host[size_t(r * 2 * inter + c)];
-        by8[size_t(at + 8)] = host[size_t(r * 2 * inter + inter + c)];
-      }
-    Tensor it = to_test(by8, rows, 2 * inter, dt);
-    it.gate_up_interleaved = true;
-    Tensor oi = poisoned(rows, inter, dt);
-    t_.silu_mul(it, oi);
-    bitwise("silu_mul=", shape("gate_up", rows, 2 * inter) + " by8", fetch(t_, oi), got,
-            "gate/up interleaved by 8 == two halves, bitwise");
   }
 
   void embed(int64_t vocab, int64_t hidden, int64_t n) {

@@ -26,8 +26,8 @@ DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3
   w.q_norm = one("self_attn.q_norm.weight", {D});
   w.k_norm = one("self_attn.k_norm.weight", {D});
   w.o_proj = one("self_attn.o_proj.weight", {H, q_rows});
-  w.gate_up_proj = b.upload_gate_up(ckpt.get(prefix + "mlp.gate_proj.weight", {I, H}),
-                                    ckpt.get(prefix + "mlp.up_proj.weight", {I, H}));
+  w.gate_up_proj = b.upload_weight({&ckpt.get(prefix + "mlp.gate_proj.weight", {I, H}),
+                                    &ckpt.get(prefix + "mlp.up_proj.weight", {I, H})});
   w.down_proj = one("mlp.down_proj.weight", {H, I});
   return w;
 }

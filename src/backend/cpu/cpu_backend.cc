@@ -332,8 +332,6 @@ class CpuBackend final : public Backend {
   }
 
   void silu_mul(const Tensor& gate_up, Tensor& out) override {
-    if (gate_up.gate_up_interleaved)
-      throw Error("cpu silu_mul: gate_up " + gate_up.describe() + " is in another backend's layout");
     const int64_t I = out.cols;
 #pragma omp parallel for if (out.numel() > (1 << 16))
     for (int64_t r = 0; r < out.rows; ++r) {

@@ -151,23 +151,7 @@ class CudaBackend final : public Backend {
   // 2-D weights (projections, embeddings) become bf16 whatever the checkpoint stores; 1-D
   // ones (norm scales) become f32: they are tiny, and f32 keeps them exact for every source
   // dtype.
-  Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override { return upload_parts(parts, false); }
-
-  // Gate and up rows interleaved by 8 (Tensor::gate_up_interleaved): a warp of the paired
-  // product then reads 16 neighbouring rows, as every other product's warps do, instead of two
-  // groups of 8 half the weight apart. DFLASH_CUDA_GATE_UP_INTERLEAVE=0 keeps the two halves
-  // (measuring); so does an intermediate size that is not a multiple of 8.
-  Tensor upload_gate_up(const TensorInfo& gate, const TensorInfo& up) override {
-    static const bool on = [] {
-      const char* e = std::getenv("DFLASH_CUDA_GATE_UP_INTERLEAVE");
-      return !(e && std::string(e) == "0");
-    }();
-    const FusedWeightShape shape = fused_weight_shape({&gate, &up});
-    const bool interleave = on && shape.all_matrices && gate.shape == up.shape && gate.shape[0] % 8 == 0;
-    return upload_parts({&gate, &up}, interleave);
-  }
-
-  Tensor upload_parts(const std::vector<const TensorInfo*>& parts, bool interleave_by8) {
+  Tensor upload_weight(const std::vector<const TensorInfo*>& parts) override {
     for (const auto* p : parts)
       if (p->dtype != DType::BF16 && p->dtype != DType::F16 && p->dtype != DType::F32)
         throw Error("cuda upload_weight: tensor '" + p->name + "' has dtype " + dtype_name(p->dtype));
@@ -185,20 +169,17 @@ class CudaBackend final : public Backend {
     t.rows = rows;
     t.cols = cols;
     t.ld = cols;
-    t.gate_up_interleaved = interleave_by8;
     char* dst = static_cast<char*>(p);
-    const size_t row_bytes = size_t(cols) * dtype_size(dt);
     std::vector<uint16_t> half;
     std::vector<float> wide;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const TensorInfo* part = parts[i];
+    for (const auto* part : parts) {
       const size_t n = size_t(part->numel());
       const void* src = part->data;
       if (dt == DType::BF16 && part->dtype != DType::BF16) {
         wide.resize(n);
         convert_to_f32(part->dtype, part->data, wide.data(), n);
         half.resize(n);
-        for (size_t j = 0; j < n; ++j) half[j] = f32_to_bf16(wide[j]);
+        for (size_t i = 0; i < n; ++i) half[i] = f32_to_bf16(wide[i]);
         src = half.data();
       } else if (dt == DType::F32 && part->dtype != DType::F32) {
         wide.resize(n);
@@ -207,15 +188,9 @@ class CudaBackend final : public Backend {
       }
       const size_t nb = n * dtype_size(dt);
       // Synchronous: the staging vectors are reused for the next part.
-      if (interleave_by8) {  // part i's groups of 8 rows go to every other group of 8, from group i
-        check(cudaMemcpy2D(static_cast<char*>(p) + i * 8 * row_bytes, 16 * row_bytes, src, 8 * row_bytes,
-                           8 * row_bytes, size_t(part->shape[0] / 8), cudaMemcpyHostToDevice),
-              "upload_weight", ("copying '" + part->name + "' to the device, interleaved by 8 rows").c_str());
-      } else {
-        check(cudaMemcpy(dst, src, nb, cudaMemcpyHostToDevice), "upload_weight",
-              ("copying '" + part->name + "' to the device").c_str());
-        dst += nb;
-      }
+      check(cudaMemcpy(dst, src, nb, cudaMemcpyHostToDevice), "upload_weight",
+            ("copying '" + part->name + "' to the device").c_str());
+      dst += nb;
     }
     t.weight = true;
     if (tile_weights_ && matrix && skinny_tiles(rows, cols, cols)) {
@@ -271,9 +246,6 @@ class CudaBackend final : public Backend {
     const Elem ye = elem_of(y, "matmul");
     if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
       throw Error("cuda matmul: shapes " + x.describe() + " · " + w.describe() + "ᵀ → " + y.describe());
-    if (w.gate_up_interleaved != y.gate_up_interleaved)
-      throw Error("cuda matmul: " + w.describe() + " · " + y.describe() +
-                  ": a gate/up weight interleaved by 8 is read only as gate and up (matmul_silu_mul)");
     const int64_t M = x.rows, N = w.rows, K = x.cols;
     if (M == 0 || N == 0) return;
     OpTimer timer(prof_.get(), M <= kSkinnyMaxRows ? "matmul M<=32" : "matmul cublas", [&] {
@@ -309,8 +281,8 @@ class CudaBackend final : public Backend {
     if (M == 0 || N == 0) return;
     OpTimer timer(prof_.get(), "matmul_silu_mul M<=32",
                   [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
-    skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, w.gate_up_interleaved, act.data, act.ld, int(M), int(N), int(K),
-                           w.weight, stream_, nullptr, tiled_for(w));
+    skinny_matmul_silu_mul(x.data, x.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight, stream_,
+                           nullptr, tiled_for(w));
   }
 
   // The RMSNorm between two products, deferred for decode and verification rows (M ≤ 32):
@@ -412,8 +384,8 @@ class CudaBackend final : public Backend {
     const SkinnyNorm n = consume(in);
     OpTimer timer(prof_.get(), "matmul_silu_mul_normed M<=32",
                   [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
-    skinny_matmul_silu_mul(in.h.data, in.h.ld, w.data, w.ld, w.gate_up_interleaved, act.data, act.ld, int(M), int(N),
-                           int(K), w.weight, stream_, &n, tiled_for(w));
+    skinny_matmul_silu_mul(in.h.data, in.h.ld, w.data, w.ld, act.data, act.ld, int(M), int(N), int(K), w.weight,
+                           stream_, &n, tiled_for(w));
   }
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, int64_t group, Tensor& y) override {
@@ -537,10 +509,8 @@ class CudaBackend final : public Backend {
     if (gate_up.rows != out.rows || gate_up.cols != 2 * out.cols)
       throw Error("cuda silu_mul: " + gate_up.describe() + " → " + out.describe());
     OpTimer timer(prof_.get(), "silu_mul", [&] { return dims(out); });
-    if (gate_up.gate_up_interleaved && out.cols % 8 != 0)
-      throw Error("cuda silu_mul: " + gate_up.describe() + " → " + out.describe() + ": interleaved by 8, not whole groups");
-    cuda::silu_mul(gate_up.data, gate_up.ld, elem_of(gate_up, "silu_mul"), gate_up.gate_up_interleaved, out.data, out.ld,
-                   elem_of(out, "silu_mul"), out.rows, out.cols, stream_);
+    cuda::silu_mul(gate_up.data, gate_up.ld, elem_of(gate_up, "silu_mul"), out.data, out.ld, elem_of(out, "silu_mul"),
+                   out.rows, out.cols, stream_);
   }
 
   void embed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& out) override {

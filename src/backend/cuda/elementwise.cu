@@ -10,35 +10,27 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Where column c's gate and up values lie in a row of gate_up: the two halves, or groups of 8
-// alternating (by8).
-__device__ __forceinline__ int64_t gate_col(int64_t c, bool by8) { return by8 ? c / 8 * 16 + c % 8 : c; }
-__device__ __forceinline__ int64_t up_col(int64_t c, int64_t inter, bool by8) {
-  return by8 ? c / 8 * 16 + 8 + c % 8 : inter + c;
-}
-
 template <typename In, typename Out>
-__global__ void silu_mul_kernel(const In* gu, int64_t ld_gu, bool by8, Out* out, int64_t ldo, int64_t rows,
-                                int64_t inter) {
+__global__ void silu_mul_kernel(const In* gu, int64_t ld_gu, Out* out, int64_t ldo, int64_t rows, int64_t inter) {
   grid_dependency_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * inter) return;
   const int64_t r = i / inter, c = i % inter;
-  const float g = to_f32(gu[r * ld_gu + gate_col(c, by8)]), u = to_f32(gu[r * ld_gu + up_col(c, inter, by8)]);
+  const float g = to_f32(gu[r * ld_gu + c]), u = to_f32(gu[r * ld_gu + inter + c]);
   out[r * ldo + c] = from_f32<Out>(silu_mul_f32(g, u));
 }
 
 // bf16 → bf16 with 16-byte rows (a prompt's gate_up, whose scalar loads made the op four times
 // slower than its bytes at 512 rows): eight columns a thread, the same arithmetic.
-__global__ void silu_mul_bf16x8_kernel(const __nv_bfloat16* gu, int64_t ld_gu, bool by8, __nv_bfloat16* out,
-                                       int64_t ldo, int64_t rows, int64_t inter) {
+__global__ void silu_mul_bf16x8_kernel(const __nv_bfloat16* gu, int64_t ld_gu, __nv_bfloat16* out, int64_t ldo,
+                                       int64_t rows, int64_t inter) {
   grid_dependency_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, per_row = inter / 8;
   if (i >= rows * per_row) return;
   const int64_t r = i / per_row, c = (i % per_row) * 8;
   float g[8], u[8];
-  unpack_bf16x8(*reinterpret_cast<const uint4*>(gu + r * ld_gu + gate_col(c, by8)), g);
-  unpack_bf16x8(*reinterpret_cast<const uint4*>(gu + r * ld_gu + up_col(c, inter, by8)), u);
+  unpack_bf16x8(*reinterpret_cast<const uint4*>(gu + r * ld_gu + c), g);
+  unpack_bf16x8(*reinterpret_cast<const uint4*>(gu + r * ld_gu + inter + c), u);
   uint32_t packed[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -78,14 +70,13 @@ __global__ void add_kernel(const In* x, int64_t ldx, Out* y, int64_t ldy, int64_
 
 }  // namespace
 
-void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, bool by8, void* out, int64_t ldo, Elem out_elem,
-              int64_t rows, int64_t inter, cudaStream_t s) {
+void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64_t ldo, Elem out_elem, int64_t rows,
+              int64_t inter, cudaStream_t s) {
   if (rows * inter == 0) return;
   if (gu_elem == Elem::BF16 && out_elem == Elem::BF16 && inter % 8 == 0 && rows_aligned16(gate_up, ld_gu, 2) &&
       rows_aligned16(out, ldo, 2)) {
     launch_kernel("silu_mul", silu_mul_bf16x8_kernel, blocks_for(rows * inter / 8, kThreads), kThreads, 0, s,
-                  static_cast<const __nv_bfloat16*>(gate_up), ld_gu, by8, static_cast<__nv_bfloat16*>(out), ldo, rows,
-                  inter);
+                  static_cast<const __nv_bfloat16*>(gate_up), ld_gu, static_cast<__nv_bfloat16*>(out), ldo, rows, inter);
     return;
   }
   dispatch_elem(gu_elem, [&](auto in) {
@@ -93,7 +84,7 @@ void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, bool by8, void* 
       using In = decltype(in);
       using Out = decltype(o);
       launch_kernel("silu_mul", silu_mul_kernel<In, Out>, blocks_for(rows * inter, kThreads), kThreads, 0, s,
-          static_cast<const In*>(gate_up), ld_gu, by8, static_cast<Out*>(out), ldo, rows, inter);
+          static_cast<const In*>(gate_up), ld_gu, static_cast<Out*>(out), ldo, rows, inter);
     });
   });
 }

@@ -52,14 +52,12 @@ bool skinny_mma_applies(const void* x, int64_t ldx, const void* w, int64_t ldw, 
 int skinny_norm_parts(int N, int K);
 
 // y[m, n] = silu(g)·u with g = bf16(x[m]·w[n]ᵀ), u = bf16(x[m]·w[N/2 + n]ᵀ) for w = [gate; up]
-// [N, K] and bf16 y [M, N/2]: matmul then silu_mul in one launch, the same bits. by8: w's gate
-// and up rows alternate in groups of 8 (Tensor::gate_up_interleaved; N/2 a multiple of 8): gate
-// row n is row 16·(n / 8) + n % 8, up row n the row 8 after it. Only where
+// [N, K] and bf16 y [M, N/2]: matmul then silu_mul in one launch, the same bits. Only where
 // skinny_silu_pair_supported() (judged from pointers, strides, N and K, never M). norm: a
 // consumed deferred norm (g and u are scaled before rounding).
 bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K);
-void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, bool by8, void* y, int64_t ldy,
-                            int M, int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm = nullptr,
+void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
+                            int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm = nullptr,
                             const void* w_tiled = nullptr);
 
 // A weight's copy laid out for the tensor-core kernel (DFLASH_CUDA_TILED_WEIGHTS=1, measuring):
@@ -99,9 +97,8 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                int64_t ldo, int64_t T, int64_t hq, int64_t hkv, int64_t head_dim, int64_t kv_len, int64_t q_pos0,
                bool causal, void* scratch, cudaStream_t s);
 
-// gate_up's columns in two halves, or by8: alternating in groups of 8 (inter a multiple of 8).
-void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, bool by8, void* out, int64_t ldo, Elem out_elem,
-              int64_t rows, int64_t inter, cudaStream_t s);
+void silu_mul(const void* gate_up, int64_t ld_gu, Elem gu_elem, void* out, int64_t ldo, Elem out_elem, int64_t rows,
+              int64_t inter, cudaStream_t s);
 void embed(const int32_t* ids, int64_t n, const void* table, int64_t ld_table, Elem table_elem, int64_t cols,
            void* out, int64_t ldo, Elem out_elem, cudaStream_t s);
 // dst = src (converting between f32 and bf16 when the element types differ).

@@ -97,22 +97,19 @@ __device__ __forceinline__ const uint4* tiled_rows(const __nv_bfloat16* w, int64
 }
 
 // Where a warp's NT n8 tiles of w start, for chunk 0: rows first + 8·nt (PAIR: gate rows first …
-// and up rows NO + first …, or with by8 rows 2·first … and 2·first + 8 …). Row-major, lane (g, t)
-// reads 16-byte unit t of its row g, and chunk c is 4c units on; rows past the weight re-read
-// its last. TILED: tiled_rows.
+// and up rows NO + first …). Row-major, lane (g, t) reads 16-byte unit t of its row g, and
+// chunk c is 4c units on; rows past the weight re-read its last. TILED: tiled_rows.
 template <int NT, bool PAIR, bool TILED>
 __device__ __forceinline__ void point_weight_rows(const uint4* (&wrow)[NT], const __nv_bfloat16* w, int64_t ldw,
-                                                  int64_t first, int N, int64_t NO, int K, int lane, bool by8) {
+                                                  int64_t first, int N, int64_t NO, int K, int lane) {
   const int g = lane / 4, t = lane % 4;
-  // The first row of the warp's pair tile nt (gate 0, up 1).
-  [[maybe_unused]] auto pair_row = [&](int nt) { return by8 ? 2 * first + nt * 8 : nt * NO + first; };
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     if constexpr (TILED) {
-      wrow[nt] = tiled_rows(w, PAIR ? (first < NO ? pair_row(nt) : int64_t(N)) : first + nt * 8, N, K, lane);
+      wrow[nt] = tiled_rows(w, PAIR ? (first < NO ? nt * NO + first : int64_t(N)) : first + nt * 8, N, K, lane);
     } else {
       int64_t n = first + nt * 8 + g;
-      if constexpr (PAIR) n = first + g < NO ? pair_row(nt) + g : N - 1;
+      if constexpr (PAIR) n = first + g < NO ? nt * NO + first + g : N - 1;
       wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
     }
   }
@@ -151,7 +148,7 @@ template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, 
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
-                      const SkinnyNorm norm, bool w_uploaded, bool early_y, int2 rotate, bool by8) {
+                      const SkinnyNorm norm, bool w_uploaded, bool early_y, int2 rotate) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -178,7 +175,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
   const uint4* wrow[NT];
-  point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, n0, N, NO, K, lane, by8);
+  point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, n0, N, NO, K, lane);
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
   const int c_last = c_end - 1;
@@ -339,8 +336,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                  const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
                                  int M, int N, int K, int S, bool accumulate, const SkinnyNorm norm, bool w_uploaded,
-                                 bool early_y, int tiles, unsigned* sched, int2 rotate, bool cross_tile,
-                                 bool by8) {
+                                 bool early_y, int tiles, unsigned* sched, int2 rotate, bool cross_tile) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
@@ -393,9 +389,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   int64_t n0 = block_n0 + int64_t(group) * kCols;
 
   const uint4* wrow[NT];
-  auto point_rows = [&](int64_t first) {
-    point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, first, N, NO, K, lane, by8);
-  };
+  auto point_rows = [&](int64_t first) { point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, first, N, NO, K, lane); };
   point_rows(n0);
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
@@ -785,7 +779,7 @@ int prewait_batches(const MmaSettings& ms, int N, int K, int S, int NT, bool per
 template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int PRE>
 void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N,
                         int K, int S, bool accumulate, bool prewait, const SkinnyNorm& norm, int64_t tiles,
-                        int64_t slots, cudaStream_t s, bool by8) {
+                        int64_t slots, cudaStream_t s) {
   const MmaSettings& ms = mma_settings();
   const auto* xp = static_cast<const __nv_bfloat16*>(x);
   const auto* wp = static_cast<const __nv_bfloat16*>(w);
@@ -795,18 +789,18 @@ void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, 
     if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
     launch_kernel("matmul (skinny)", kernel, unsigned(slots), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y),
                   ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, static_cast<int>(tiles), sched, ms.rotate,
-                  ms.cross_tile, by8);
+                  ms.cross_tile);
     return;
   }
   constexpr auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
   if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
   launch_kernel("matmul (skinny)", kernel, unsigned(tiles), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy,
-                M, N, K, S, accumulate, norm, prewait, ms.early_y, ms.rotate, by8);
+                M, N, K, S, accumulate, norm, prewait, ms.early_y, ms.rotate);
 }
 
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s, bool by8 = false) {
+                int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   const MmaSettings& ms = mma_settings();
   const bool prewait = w_uploaded && ms.prewait != 0;
   const int64_t tiles = mma_blocks(N, NT, S, PAIR);
@@ -815,12 +809,12 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   if constexpr (MT == 1) {
     if (prewait && prewait_batches(ms, N, K, S, NT, slots > 0) == 2) {
       launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm,
-                                                           tiles, slots, s, by8);
+                                                           tiles, slots, s);
       return;
     }
   }
   launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 1>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm,
-                                                       tiles, slots, s, by8);
+                                                       tiles, slots, s);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
@@ -1152,15 +1146,12 @@ bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64
          rows_aligned16(w, ldw, 2);
 }
 
-void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, bool by8, void* y, int64_t ldy,
-                            int M, int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm,
-                            const void* w_tiled) {
+void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M,
+                            int N, int K, bool w_uploaded, cudaStream_t s, const SkinnyNorm* norm, const void* w_tiled) {
   if (M == 0 || N == 0) return;
   if (M > kSkinnyMaxRows) throw Error("cuda matmul_silu_mul: skinny kernel called with " + std::to_string(M) + " rows");
   if (!skinny_silu_pair_supported(x, ldx, w, ldw, N, K))
     throw Error("cuda matmul_silu_mul: the paired kernel called where it does not apply");
-  if (by8 && (N / 2) % 8 != 0)
-    throw Error("cuda matmul_silu_mul: gate/up interleaved by 8 with " + std::to_string(N / 2) + " rows each");
   // The K slices the plain product of this weight takes (its tile width does not change a sum).
   const int S = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots).S;
   // The four instantiations (m16 tiles, a consumed norm or none) of one weight layout.
@@ -1169,16 +1160,16 @@ void skinny_matmul_silu_mul(const void* x, int64_t ldx, const void* w, int64_t l
     const SkinnyNorm none{};
     if (norm && M <= 16)
       launch_mma<1, 2, __nv_bfloat16, kEpiScaleInv, true, T>(x, ldx, wp, ldw, y, ldy, M, N, K, S, false, w_uploaded,
-                                                               *norm, s, by8);
+                                                               *norm, s);
     else if (norm)
       launch_mma<2, 2, __nv_bfloat16, kEpiScaleInv, true, T>(x, ldx, wp, ldw, y, ldy, M, N, K, S, false, w_uploaded,
-                                                               *norm, s, by8);
+                                                               *norm, s);
     else if (M <= 16)
       launch_mma<1, 2, __nv_bfloat16, kEpiPlain, true, T>(x, ldx, wp, ldw, y, ldy, M, N, K, S, false, w_uploaded,
-                                                            none, s, by8);
+                                                            none, s);
     else
       launch_mma<2, 2, __nv_bfloat16, kEpiPlain, true, T>(x, ldx, wp, ldw, y, ldy, M, N, K, S, false, w_uploaded,
-                                                            none, s, by8);
+                                                            none, s);
   };
   // Gate and up rows start on n8 tiles of the pre-tiled copy only where N / 2 is a multiple of 8.
   if (w_tiled && (N / 2) % 8 == 0) launch(std::true_type{}, w_tiled);
