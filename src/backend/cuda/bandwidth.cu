@@ -429,7 +429,10 @@ double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
   check(cudaFuncSetAttribute(rows_smem_kernel<4, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem5)),
         "bandwidth", "cudaFuncSetAttribute");
   const unsigned rows16 = unsigned((N / 16 + 8 / S - 1) / (8 / S)), rows8 = unsigned((N / 8 + 8 / S - 1) / (8 / S));
-  const unsigned smem_blocks = unsigned((N / 16 + 4 / S - 1) / (4 / S));
+  // The shared-memory variants' 4-warp blocks hold 4 / S groups (S at most 4 for them; the
+  // others take up to 8, where 4 / S is 0: computed as at least 1 so that no S divides by zero).
+  const int smem_groups = std::max(4 / S, 1);
+  const unsigned smem_blocks = unsigned((N / 16 + smem_groups - 1) / smem_groups);
   auto launch = [&](const char* w, unsigned* sink) {
     switch (variant) {
       case 0: rows_kernel<16, 4><<<rows16, 256>>>(w, N, K, S, sink); break;
