@@ -152,10 +152,7 @@ fi
 
 if has doctor; then
   step "dflash doctor"
-  # The bandwidth sweep's read flavours take minutes (200 s cut one off on 2026-12-03).
-  doctor_limit=200
-  [[ " ${DOCTOR_ARGS:-} " == *" --bandwidth-sweep "* ]] && doctor_limit=${DOCTOR_SWEEP_LIMIT:-420}
-  timeout $doctor_limit "$BUILD/dflash" doctor --require-gpu --bandwidth-gib 4 ${DOCTOR_ARGS:-} --model models/qwen3-pycode-15m --model testdata/tiny/qwen3-yarn-bf16 2>&1 | tee "$OUT/doctor.txt"
+  timeout 200 "$BUILD/dflash" doctor --require-gpu --bandwidth-gib 4 ${DOCTOR_ARGS:-} --model models/qwen3-pycode-15m --model testdata/tiny/qwen3-yarn-bf16 2>&1 | tee "$OUT/doctor.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 

@@ -721,6 +721,9 @@ class Doctor {
 };
 
 int run_doctor(const DoctorArgs& a) {
+  // A line at a time, even into a pipe: a crash loses nothing printed before it (a SIGFPE in the
+  // bandwidth sweep once took the table's summary and half the sweep with it).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::unique_ptr<Backend> test;
   if (a.self_test) {
     std::printf("self-test: the CPU backend against itself (checks the harness, not a GPU)\n");
@@ -928,14 +931,6 @@ int run_doctor(const DoctorArgs& a) {
     // The decode step's weights read in the skinny product's pattern and variants of it (Qwen3-8B:
     // gate/up, down, o): which way of streaming a weight a product should use.
     if (a.bandwidth_sweep) {
-      // The product's patterns first: they take seconds, the flavours' 4 GiB reads minutes.
-      for (const auto [N, K, S] : {std::array<int, 3>{24576, 4096, 4}, {4096, 12288, 8}, {4096, 12288, 4},
-                                   {4096, 4096, 8}, {4096, 4096, 4}})
-        for (int variant = 0; variant <= 9; ++variant) {
-          const int s = variant >= 3 && variant <= 5 ? std::min(S, 4) : S;  // 4-warp blocks: at most 4 slices
-          std::printf("pattern %d read bandwidth: %.1f GB/s (w[%d, %d], %d K slices, 8 launches)\n", variant,
-                      cuda::rows_read_bandwidth(N, K, s, 8, variant) / 1e9, N, K, s);
-        }
       for (const auto [flavour, unroll, per_sm] :
            {std::array<int, 3>{0, 4, 8}, {1, 4, 8}, {2, 4, 8}, {3, 4, 8}, {0, 8, 8}, {0, 4, 4}, {0, 4, 16},
             {4, 0, 1}, {4, 0, 2}, {4, 0, 3}, {5, 0, 1}, {5, 0, 2}, {6, 0, 1}, {6, 0, 2}})
@@ -943,6 +938,13 @@ int run_doctor(const DoctorArgs& a) {
           std::printf("read flavour %d, %d in flight, %d blocks/SM: %.1f GB/s (launches of %.0f MiB)\n", flavour,
                       unroll, per_sm, cuda::read_bandwidth(window, bytes, flavour, unroll, per_sm) / 1e9,
                       double(window) / double(1 << 20));
+      for (const auto [N, K, S] : {std::array<int, 3>{24576, 4096, 4}, {4096, 12288, 8}, {4096, 12288, 4},
+                                   {4096, 4096, 8}, {4096, 4096, 4}})
+        for (int variant = 0; variant <= 9; ++variant) {
+          const int s = variant >= 3 && variant <= 5 ? std::min(S, 4) : S;  // 4-warp blocks: at most 4 slices
+          std::printf("pattern %d read bandwidth: %.1f GB/s (w[%d, %d], %d K slices, 8 launches)\n", variant,
+                      cuda::rows_read_bandwidth(N, K, s, 8, variant) / 1e9, N, K, s);
+        }
     }
   }
 #endif
