@@ -450,6 +450,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     unsigned taken = 0;
     if (sched && threadIdx.x == 0) taken = atomicAdd(sched, 1u);  // used one step into the walk
     const bool publishes = cross && sched && threadIdx.x == 0;
+    // What thread 0 publishes: the next tile's number, tagged with this tile's.
+    const auto tagged_next = [&] {
+      return (static_cast<unsigned long long>(unsigned(tile)) << 32) | (taken + gridDim.x);
+    };
     float acc[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -476,8 +480,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         load_next_batch<PRE, U>(load_next, next_early, c, left, c_begin, c_end);
         // Thread 0 publishes the next tile's number from the second step on (by then the counter
         // has answered: the first step's weights took as long), or in the only one.
-        if (publishes && (c != c_begin || left <= U))  // (no rotation where it publishes)
-          upcoming = (static_cast<unsigned long long>(unsigned(tile)) << 32) | (taken + gridDim.x);
+        if (publishes && (c != c_begin || left <= U)) upcoming = tagged_next();  // (no rotation where it publishes)
         if (cross && left <= U) {  // the last step: the next tile's first batch goes out now
           unsigned following = unsigned(tile) + gridDim.x;
           if (sched) {
@@ -535,7 +538,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
         for (int i = 0; i < 4; ++i) part[warp][mt * 16 + g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[mt][nt][i];
     // A walk of no steps published nothing (thread 0's warp always walks; no warp waits on this).
-    if (publishes && !active) upcoming = (static_cast<unsigned long long>(unsigned(tile)) << 32) | (taken + gridDim.x);
+    if (publishes && !active) upcoming = tagged_next();
     if (sched && threadIdx.x == 0) {
       next_tile = taken + gridDim.x;
       if (taken == unsigned(tiles) - 1) *sched = 0;
