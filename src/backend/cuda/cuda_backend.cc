@@ -15,15 +15,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -111,15 +107,6 @@ class CudaBackend final : public Backend {
     if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS")) {
       if (std::string(e) == "1") tile_weights_ = TileWeights::copy;
       if (std::string(e) == "inplace") tile_weights_ = TileWeights::in_place;
-    }
-    if (const char* e = std::getenv("DFLASH_CUDA_TILED_SHAPES")) {  // "rows:cols,…": only those weights
-      const std::string list = e;
-      for (size_t start = 0; start < list.size();) {
-        const size_t end = std::min(list.find(',', start), list.size());
-        long long r = 0, c = 0;
-        if (std::sscanf(list.substr(start, end - start).c_str(), "%lld:%lld", &r, &c) == 2) tiled_shapes_.insert({r, c});
-        start = end + 1;
-      }
     }
   }
 
@@ -209,8 +196,7 @@ class CudaBackend final : public Backend {
       dst += nb;
     }
     t.weight = true;
-    if (tile_weights_ != TileWeights::off && matrix && skinny_tiles(rows, cols, cols) &&
-        (tiled_shapes_.empty() || tiled_shapes_.count({rows, cols}))) {
+    if (tile_weights_ != TileWeights::off && matrix && skinny_tiles(rows, cols, cols)) {
       const size_t tiled_bytes = skinny_tiled_bytes(rows, cols);
       std::shared_ptr<void> copy = weight_memory(tiled_bytes, "the tiled copy of '" + parts.front()->name + "'");
       // A copy from pageable memory may still be in flight when cudaMemcpy returns.
@@ -766,7 +752,6 @@ class CudaBackend final : public Backend {
   };
   enum class TileWeights { off, copy, in_place };
   TileWeights tile_weights_ = TileWeights::off;
-  std::set<std::pair<int64_t, int64_t>> tiled_shapes_;  // DFLASH_CUDA_TILED_SHAPES; empty: every weight
   std::map<const void*, TiledCopy> tiled_;
 };
 

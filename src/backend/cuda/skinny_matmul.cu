@@ -91,12 +91,9 @@ __device__ __forceinline__ void rows_inv_rms(float (&inv_rms)[MT * 16], const Sk
 // row-major load gives it, so the mma's and the bits are the same; a warp's load is one
 // contiguous 512-byte segment instead of 8 rows' 64 bytes (docs/benchmarks.md, twenty-sixth pass:
 // 4294.6 against 3963.2 GB/s streamed). Tiles past the weight's last re-read its last one.
-// DFLASH_CUDA_TILED_PAD (measuring): 16-byte units left between one tile's chunks and the next
-// tile's, so that tiles do not start at a power-of-two distance from each other.
-__constant__ int64_t c_tile_pad_units;
 __device__ __forceinline__ const uint4* tiled_rows(const __nv_bfloat16* w, int64_t row0, int64_t N, int K, int lane) {
   const int64_t tiles = (N + 7) / 8, tau = row0 / 8 < tiles ? row0 / 8 : tiles - 1;
-  return reinterpret_cast<const uint4*>(w) + tau * ((K / 32) * 32 + c_tile_pad_units) + lane;
+  return reinterpret_cast<const uint4*>(w) + tau * (K / 32) * 32 + lane;
 }
 
 // Where a warp's NT n8 tiles of w start, for chunk 0: rows first + 8·nt (PAIR: gate rows first …
@@ -1186,12 +1183,12 @@ namespace {
 // One thread a 16-byte piece of the tiled copy: piece u is lane l = u % 32 of chunk c of n8 tile
 // τ, that is row 8τ + l / 4, elements 32c + 8(l % 4) … + 7 (zeros past the last row).
 __global__ void tile_weight_kernel(const uint4* __restrict__ w, int64_t rows, int64_t ld_units, int chunks,
-                                   uint4* __restrict__ tiled, int64_t pieces, int64_t pad_units) {
+                                   uint4* __restrict__ tiled, int64_t pieces) {
   for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < pieces; u += int64_t(gridDim.x) * blockDim.x) {
     const int64_t tau = u / (int64_t(chunks) * 32);
     const int rem = int(u % (int64_t(chunks) * 32)), c = rem / 32, l = rem % 32;
     const int64_t row = tau * 8 + l / 4;
-    tiled[u + tau * pad_units] = row < rows ? w[row * ld_units + 4 * c + l % 4] : make_uint4(0, 0, 0, 0);
+    tiled[u] = row < rows ? w[row * ld_units + 4 * c + l % 4] : make_uint4(0, 0, 0, 0);
   }
 }
 }  // namespace
@@ -1200,33 +1197,16 @@ bool skinny_tiles(int64_t rows, int64_t cols, int64_t ld) {
   return rows > 0 && cols % 32 == 0 && ld % 8 == 0 && cols <= INT32_MAX;
 }
 
-namespace {
-// DFLASH_CUDA_TILED_PAD=bytes (a multiple of 16; measuring): the gap between tiles of a tiled
-// copy (c_tile_pad_units), read once and given to the device with the first copy made.
-int64_t tile_pad_units() {
-  static const int64_t units = [] {
-    const char* e = std::getenv("DFLASH_CUDA_TILED_PAD");
-    const int64_t u = e ? std::atoll(e) / 16 : 0;
-    const int64_t v = u > 0 ? u : 0;
-    check(cudaMemcpyToSymbol(c_tile_pad_units, &v, sizeof v), "upload_weight", "setting the tiled copies' pad");
-    return v;
-  }();
-  return units;
-}
-}  // namespace
-
-size_t skinny_tiled_bytes(int64_t rows, int64_t cols) {
-  return size_t((rows + 7) / 8) * (size_t(cols) * 16 + size_t(tile_pad_units()) * 16);
-}
+size_t skinny_tiled_bytes(int64_t rows, int64_t cols) { return size_t((rows + 7) / 8 * 8) * size_t(cols) * 2; }
 
 void skinny_tile_weight(const void* w, int64_t rows, int64_t cols, int64_t ld, void* tiled, cudaStream_t s) {
   if (!skinny_tiles(rows, cols, ld))
     throw Error("cuda: a weight of " + std::to_string(rows) + " x " + std::to_string(cols) + " (row stride " +
                 std::to_string(ld) + ") cannot be tiled: it needs columns in multiples of 32, a stride of 8");
-  const int64_t pieces = (rows + 7) / 8 * cols;  // 16-byte pieces: 8 rows of 2-byte elements a tile
+  const int64_t pieces = int64_t(skinny_tiled_bytes(rows, cols) / 16);
   const unsigned blocks = unsigned(std::min<int64_t>((pieces + 255) / 256, 65535));
   tile_weight_kernel<<<blocks, 256, 0, s>>>(static_cast<const uint4*>(w), rows, ld / 8, int(cols / 32),
-                                            static_cast<uint4*>(tiled), pieces, tile_pad_units());
+                                            static_cast<uint4*>(tiled), pieces);
   check(cudaGetLastError(), "upload_weight", "tile_weight_kernel launch");
 }
 
