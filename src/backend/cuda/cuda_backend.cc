@@ -104,10 +104,7 @@ class CudaBackend final : public Backend {
     timeline_ = Timeline::from_env();
     read_back_ = std::make_unique<ReadBack>(stream_);
     sampling_ = std::make_unique<SamplingOps>(*pool_, stream_, *read_back_, prof_.get());
-    if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS")) {
-      if (std::string(e) == "1") tile_weights_ = TileWeights::copy;
-      if (std::string(e) == "inplace") tile_weights_ = TileWeights::in_place;
-    }
+    if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS"); e && std::string(e) == "1") tile_weights_ = true;
   }
 
   ~CudaBackend() override {
@@ -196,18 +193,13 @@ class CudaBackend final : public Backend {
       dst += nb;
     }
     t.weight = true;
-    if (tile_weights_ != TileWeights::off && matrix && skinny_tiles(rows, cols, cols)) {
-      const size_t tiled_bytes = skinny_tiled_bytes(rows, cols);
-      std::shared_ptr<void> copy = weight_memory(tiled_bytes, "the tiled copy of '" + parts.front()->name + "'");
+    if (tile_weights_ && matrix && skinny_tiles(rows, cols, cols)) {
+      std::shared_ptr<void> copy =
+          weight_memory(skinny_tiled_bytes(rows, cols), "the tiled copy of '" + parts.front()->name + "'");
       // A copy from pageable memory may still be in flight when cudaMemcpy returns.
       check(cudaDeviceSynchronize(), "upload_weight", "waiting for the weight's copy");
       skinny_tile_weight(p, rows, cols, cols, copy.get(), upload_stream_);
-      const bool in_place = tile_weights_ == TileWeights::in_place && tiled_bytes == bytes;
-      if (in_place)
-        check(cudaMemcpyAsync(p, copy.get(), bytes, cudaMemcpyDeviceToDevice, upload_stream_), "upload_weight",
-              "tiling a weight in place");
       check(cudaStreamSynchronize(upload_stream_), "upload_weight", "tiling a weight");
-      if (in_place) copy = t.storage;  // the scratch goes once the stream is done with it
       tiled_[p] = TiledCopy{std::move(copy), rows, cols};
     }
     return t;
@@ -740,18 +732,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<SamplingOps> sampling_;
   cudaStream_t upload_stream_ = nullptr;  // RoPE tables: off the compute stream, which may be capturing
   // DFLASH_CUDA_TILED_WEIGHTS=1 (measuring): each matrix weight also kept pre-tiled for the
-  // skinny products (kernels.h: skinny_tile_weight), keyed by its device pointer. =inplace
-  // (measuring speed only): the tiled bytes replace the row-major ones in the weight's own
-  // memory, so the skinny products read what they would with a copy while the weights take
-  // the memory (and addresses) they take without one; every row-major reader of such a weight
-  // (prefill's cuBLAS products, the embedding gather, views) then computes with permuted
-  // values, so its output is wrong.
+  // skinny products (kernels.h: skinny_tile_weight), keyed by its device pointer.
   struct TiledCopy {
     std::shared_ptr<void> data;
     int64_t rows = 0, cols = 0;
   };
-  enum class TileWeights { off, copy, in_place };
-  TileWeights tile_weights_ = TileWeights::off;
+  bool tile_weights_ = false;
   std::map<const void*, TiledCopy> tiled_;
 };
 
