@@ -239,12 +239,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     nw_early = norm.norm_w[n];
   }
 
-  // Each row's 1/rms (the partial sums are the kernel before's, so after the wait; here, while
-  // the first weight batch is in flight: after the main loop it made a DFlash step 0.15-0.17 ms
-  // slower, H200 2026-11-30; in the walk, after a batch has gone out, plain decode 2 % slower and
-  // a step 1.3 % longer, 2026-12-03).
+  // Each row's 1/rms (the partial sums are the kernel before's, so after the wait; in the walk,
+  // inv_rms_in_walk: after the main loop it made a DFlash step 0.15-0.17 ms slower, H200
+  // 2026-11-30).
   __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
+  bool inv_due = EPI == kEpiScaleInv;
 
   if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
@@ -261,7 +260,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
     // of it is still to come.
     for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = next_position(c, U, c_begin, c_end)) {
-      load_next_batch<PRE, U>(load_next, next_early, c, left, c_begin, c_end);
+      const bool issued = load_next_batch<PRE, U>(load_next, next_early, c, left, c_begin, c_end);
+      inv_rms_in_walk<MT, EPI>(inv_due, issued, left, U, inv_rms, norm, M, K, warp, lane);
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
       constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -296,6 +296,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int nt = 0; nt < NT; ++nt) cur[u][nt] = next[u][nt];
     }
   }
+  inv_rms_in_walk<MT, EPI>(inv_due, true, 0, U, inv_rms, norm, M, K, warp, lane);  // a warp that did not walk
 
   // Accumulator fragment: rows g and g+8 of the m16 tile, columns 2t and 2t+1 of the n8 tile.
 #pragma unroll
