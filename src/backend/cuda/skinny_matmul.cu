@@ -131,31 +131,12 @@ __device__ __forceinline__ int next_position(int c, int U, int c_begin, int c_en
 }
 
 // The top of each step of the walk (at c, `left` chunks still to come): the next batch goes out
-// into `next` while this one is used, unless this is the last one or it went out early. Whether
-// a batch went out now.
+// into `next` while this one is used, unless this is the last one or it went out early.
 template <int PRE, int U, typename LoadNext>
-__device__ __forceinline__ bool load_next_batch(const LoadNext& load_next, bool& next_early, int c, int left,
+__device__ __forceinline__ void load_next_batch(const LoadNext& load_next, bool& next_early, int c, int left,
                                                 int c_begin, int c_end) {
-  const bool issues = left > U && !(PRE == 2 && next_early);
-  if (issues) load_next(next_position(c, U, c_begin, c_end));
+  if (left > U && !(PRE == 2 && next_early)) load_next(next_position(c, U, c_begin, c_end));
   next_early = false;
-  return issues;
-}
-
-// Where a consuming product (kEpiScaleInv) works out its rows' 1/rms: in the walk, right after a
-// weight batch has gone out (or in its last step), so that the trip to the partial sums overlaps
-// weights in flight. Before the walk, every warp of a block of 16 rows would first make that
-// trip with nothing in flight (the batches loaded before the wait have landed by then), while at
-// one row only warp 0 has a row to sum. The epilogue reads inv_rms after a barrier either way.
-template <int MT, int EPI>
-__device__ __forceinline__ void inv_rms_in_walk(bool& due, bool issued, int left, int U, float (&inv_rms)[MT * 16],
-                                                const SkinnyNorm& norm, int M, int K, int warp, int lane) {
-  if constexpr (EPI == kEpiScaleInv) {
-    if (due && (issued || left <= U)) {
-      rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
-      due = false;
-    }
-  }
 }
 
 // PAIR (NT == 2): w is [gate; up], 2·NO rows; a warp's two n8 tiles are gate rows n0 … n0+7
@@ -239,11 +220,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     nw_early = norm.norm_w[n];
   }
 
-  // Each row's 1/rms (the partial sums are the kernel before's, so after the wait; in the walk,
-  // inv_rms_in_walk: after the main loop it made a DFlash step 0.15-0.17 ms slower, H200
-  // 2026-11-30).
+  // Each row's 1/rms (the partial sums are the kernel before's, so after the wait; here, while
+  // the first weight batch is in flight: after the main loop it made a DFlash step 0.15-0.17 ms
+  // slower, H200 2026-11-30).
   __shared__ float inv_rms[MT * 16];
-  bool inv_due = EPI == kEpiScaleInv;
+  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
 
   if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
@@ -260,8 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
     // of it is still to come.
     for (int c = phys(c_begin), left = c_end - c_begin; left > 0; left -= U, c = next_position(c, U, c_begin, c_end)) {
-      const bool issued = load_next_batch<PRE, U>(load_next, next_early, c, left, c_begin, c_end);
-      inv_rms_in_walk<MT, EPI>(inv_due, issued, left, U, inv_rms, norm, M, K, warp, lane);
+      load_next_batch<PRE, U>(load_next, next_early, c, left, c_begin, c_end);
       // x for XU steps at a time, loaded together so their latencies overlap (one step at a
       // time with two m16 tiles, where the registers would not hold more without spilling).
       constexpr int XU = MT == 1 ? (U < 4 ? U : 4) : 1;
@@ -296,7 +276,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int nt = 0; nt < NT; ++nt) cur[u][nt] = next[u][nt];
     }
   }
-  inv_rms_in_walk<MT, EPI>(inv_due, true, 0, U, inv_rms, norm, M, K, warp, lane);  // a warp that did not walk
 
   // Accumulator fragment: rows g and g+8 of the m16 tile, columns 2t and 2t+1 of the n8 tile.
 #pragma unroll
@@ -459,10 +438,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   };
   load_early();
 
-  // Each row's 1/rms, at the end of the first tile's walk: in the walk (inv_rms_in_walk) the
-  // sums' registers made ptxas spill more in these kernels (ptxas -v, 2026-12-03).
+  // Each row's 1/rms (the partial sums are the kernel before's, so after the wait; here, while
+  // the first weight batch is in flight: after the main loop it made a DFlash step 0.15-0.17 ms
+  // slower, H200 2026-11-30).
   __shared__ float inv_rms[MT * 16];
-  bool inv_due = EPI == kEpiScaleInv;
+  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
 
   constexpr int kMaxBlockCols = kWarps * kCols;
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
@@ -549,8 +529,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
           for (int nt = 0; nt < NT; ++nt) cur[u][nt] = next[u][nt];
       }
     }
-    // The first tile's 1/rms, now that the next tile's first batch is in flight (cross).
-    inv_rms_in_walk<MT, EPI>(inv_due, true, 0, U, inv_rms, norm, M, K, warp, lane);
 
     // Accumulator fragment: rows g and g+8 of the m16 tile, columns 2t and 2t+1 of the n8 tile.
 #pragma unroll
