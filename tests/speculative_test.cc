@@ -323,6 +323,8 @@ TEST_F(EdgeFixture, StatisticsAreConsistent) {
     committed += st.acceptance_histogram[L] * int64_t(L + 1);
   }
   EXPECT_EQ(steps, st.steps);
+  EXPECT_EQ(st.generated_tokens, int64_t(res.tokens.size()));
+  EXPECT_EQ(st.first_tokens, 1);  // the prefill's anchor: not decoding's
   // The prefill anchor plus every step's commits, cut to max_new_tokens.
   EXPECT_GE(committed + 1, int64_t(res.tokens.size()));
   EXPECT_LT(committed + 1 - int64_t(res.tokens.size()), 16);

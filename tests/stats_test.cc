@@ -31,4 +31,18 @@ TEST(GenerationStats, CountsStepsByRowsVerifiedAndMergesThem) {
   EXPECT_EQ(all.to_json()["steps_by_rows"][3], 2);
 }
 
+TEST(GenerationStats, DecodeRateLeavesOutTheTokenThePrefillChose) {
+  // Two requests of 9 and 5 tokens: the first token of each came with its prefill, so decoding
+  // made 8 + 4 tokens in the 2 + 1 seconds after the prefills.
+  GenerationStats a, b, all;
+  a.generated_tokens = 9, a.first_tokens = 1, a.prefill_seconds = 0.5, a.total_seconds = 2.5;
+  b.generated_tokens = 5, b.first_tokens = 1, b.prefill_seconds = 0.25, b.total_seconds = 1.25;
+  EXPECT_DOUBLE_EQ(a.decode_tokens_per_second(), 4.0);
+  all.merge(a);
+  all.merge(b);
+  EXPECT_EQ(all.first_tokens, 2);
+  EXPECT_DOUBLE_EQ(all.decode_tokens_per_second(), 4.0);
+  EXPECT_NE(all.to_text().find("14 generated (12 of them decoded)"), std::string::npos) << all.to_text();
+}
+
 }  // namespace

@@ -85,6 +85,7 @@ GenerationResult Engine::generate_plain(const GenerationRequest& r) {
     out.commit(token);
   }
   st.generated_tokens = static_cast<int64_t>(result.tokens.size());
+  st.first_tokens = st.generated_tokens > 0 ? 1 : 0;
   st.total_seconds = total.seconds();
   return result;
 }
@@ -108,9 +109,15 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
   int32_t token = b.read_ids(next)->get()[0];
   st.prefill_seconds = total.seconds();
   out.commit(token);
+  // The prefill gave the first token, so max_new_tokens − 1 steps can be used: a step past
+  // them would be computed only to be dropped (one forward pass a request, 1.6 % of a 64-token
+  // request's decoding).
+  const int64_t usable_steps = int64_t(r.max_new_tokens) - 1;
+  int64_t queued = 0;
   auto queue_step = [&] {
     b.queue_recorded("decode", [&] { b.argmax_rows_into(target_.forward(state, next, false).logits, next); },
                      nullptr);
+    ++queued;
     return b.read_ids(next);
   };
   std::unique_ptr<PendingIds> current, ahead;
@@ -123,15 +130,19 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
       }
       current = queue_step();
     }
-    if (state.length() < capacity) ahead = queue_step();
+    if (state.length() < capacity && queued < usable_steps) ahead = queue_step();
     token = current->get()[0];
     ++st.plain_steps;
     st.plain_seconds += step.seconds();
     out.commit(token);
     current = std::move(ahead);
   }
-  if (current) current->get();  // the step queued past the end: let it finish before its state goes
+  if (current) {  // a step queued past the end (a stop the host could not foresee): drained, dropped
+    current->get();
+    ++st.discarded_steps;
+  }
   st.generated_tokens = static_cast<int64_t>(result.tokens.size());
+  st.first_tokens = st.generated_tokens > 0 ? 1 : 0;
   st.total_seconds = total.seconds();
   return result;
 }

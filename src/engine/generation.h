@@ -69,6 +69,8 @@ class Engine {
   int block_size() const { return block_size_; }
   int draft_block_size() const { return draft_block_; }
   const SpeculationHistory& speculation_history() const { return history_; }
+  // Back to what a fresh engine knows (dflash bench, after its untimed warm-up requests).
+  void forget_history() { history_ = {}; }
 
  private:
   void check_request(const GenerationRequest& r) const;

@@ -191,6 +191,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   st.max_block_size = std::max(st.max_block_size, block_size_);
   st.draft_block_size = draft_block_;
   st.generated_tokens = static_cast<int64_t>(result.tokens.size());
+  st.first_tokens = st.generated_tokens > 0 ? 1 : 0;
   st.total_seconds = total.seconds();
   return result;
 }

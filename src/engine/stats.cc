@@ -46,7 +46,7 @@ std::vector<double> GenerationStats::per_position_acceptance() const {
 
 double GenerationStats::decode_tokens_per_second() const {
   const double t = total_seconds - prefill_seconds;
-  return t > 0 ? double(generated_tokens) / t : 0.0;
+  return t > 0 ? double(generated_tokens - first_tokens) / t : 0.0;
 }
 
 void GenerationStats::merge(const GenerationStats& o) {
@@ -54,8 +54,10 @@ void GenerationStats::merge(const GenerationStats& o) {
   draft_block_size = std::max(draft_block_size, o.draft_block_size);
   prompt_tokens += o.prompt_tokens;
   generated_tokens += o.generated_tokens;
+  first_tokens += o.first_tokens;
   steps += o.steps;
   plain_steps += o.plain_steps;
+  discarded_steps += o.discarded_steps;
   recorded_verifications += o.recorded_verifications;
   recording_wait_seconds += o.recording_wait_seconds;
   recording_wait_max_seconds = std::max(recording_wait_max_seconds, o.recording_wait_max_seconds);
@@ -79,7 +81,9 @@ nlohmann::json GenerationStats::to_json() const {
       {"prompt_tokens", prompt_tokens},
       {"generated_tokens", generated_tokens},
       {"steps", steps},
+      {"first_tokens", first_tokens},
       {"plain_steps", plain_steps},
+      {"discarded_steps", discarded_steps},
       {"recorded_verifications", recorded_verifications},
       {"recording_wait_seconds", recording_wait_seconds},
       {"recording_wait_max_seconds", recording_wait_max_seconds},
@@ -104,8 +108,9 @@ nlohmann::json GenerationStats::to_json() const {
 std::string GenerationStats::to_text() const {
   char buf[512];
   std::string s;
-  std::snprintf(buf, sizeof buf, "tokens: %lld prompt, %lld generated; %.1f tokens/s after prefill\n",
-                (long long)prompt_tokens, (long long)generated_tokens, decode_tokens_per_second());
+  std::snprintf(buf, sizeof buf, "tokens: %lld prompt, %lld generated (%lld of them decoded); %.1f tokens/s decoding\n",
+                (long long)prompt_tokens, (long long)generated_tokens, (long long)(generated_tokens - first_tokens),
+                decode_tokens_per_second());
   s += buf;
   std::snprintf(buf, sizeof buf, "time: prefill %.3fs, draft %.3fs, verify %.3fs, plain steps %.3fs, other %.3fs\n",
                 prefill_seconds, draft_seconds, verify_seconds, plain_seconds,

@@ -13,8 +13,11 @@ struct GenerationStats {
   int draft_block_size = 0;  // rows the drafter drafts per step
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
+  // Of generated_tokens, those the prefill chose (one a request): decoding did not make them.
+  int64_t first_tokens = 0;
   int64_t steps = 0;        // speculative steps (draft + verify)
   int64_t plain_steps = 0;  // one-token steps (plain decoding, or speculation switched off)
+  int64_t discarded_steps = 0;  // steps queued ahead of a stop the host could not foresee
   int64_t recorded_verifications = 0;  // steps whose verification the backend recorded (a CUDA graph)
   // Device seconds those recordings waited for the host after the draft (engine/recording_rule.h).
   double recording_wait_seconds = 0, recording_wait_max_seconds = 0;
@@ -30,7 +33,8 @@ struct GenerationStats {
   void record_step(int block_size, int acceptance_length);
   double mean_acceptance_length() const;
   std::vector<double> per_position_acceptance() const;  // rows 1 … B−1
-  double decode_tokens_per_second() const;  // generated tokens over time after prefill
+  // Tokens decoding made (generated_tokens − first_tokens) over the time after prefill.
+  double decode_tokens_per_second() const;
   void merge(const GenerationStats& other);
 
   nlohmann::json to_json() const;

@@ -205,8 +205,7 @@ std::unique_ptr<DFlashDrafter> DFlashDrafter::load(const std::string& dir, const
 }
 
 int64_t DFlashDrafter::weight_bytes_per_step() const {
-  int64_t total = fc_.nbytes() + hidden_norm_.nbytes() + final_norm_.nbytes() + context_kv_proj_.nbytes() +
-                  target_.lm_head_bytes();
+  int64_t total = fc_.nbytes() + hidden_norm_.nbytes() + final_norm_.nbytes() + target_.lm_head_bytes();
   for (const auto& l : layers_) total += weight_bytes(l);
   return total;
 }

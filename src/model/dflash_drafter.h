@@ -41,9 +41,11 @@ class DFlashDrafter {
                                              std::vector<std::string>* warnings = nullptr);
 
   const DrafterConfig& config() const { return config_; }
-  // Weight bytes one drafting step streams: the drafter's layers and fc, and the target's LM
-  // head again (borrowed for the block's logits). Context rows add every layer's k/v
-  // projection (context_kv_proj_).
+  // Weight bytes one drafting step has to read: the drafter's layers, fc and norms, and the
+  // target's LM head again (borrowed for the block's logits). add_context reads the layers' k/v
+  // weights a second time (context_kv_proj_ is a copy of them, stacked for one product), but a
+  // step that projected its context rows with its block rows would read them once, so this
+  // floor counts them once (until 2026-12-03 it counted them twice: a roofline 0.45 % longer at Qwen3-8B shapes).
   int64_t weight_bytes_per_step() const;
   SequenceState new_sequence(int64_t capacity) const;
 
