@@ -9,6 +9,7 @@
 #   STEPS="build prefill" PREFILL_LENS="512 4096" PREFILL_AB="DFLASH_ATTN_PREFILL=rows" scripts/gpu_run.sh
 #   STEPS="build bench ab" AB="DFLASH_CUDA_PDL=0|" scripts/gpu_run.sh   # A/B under settings
 #   STEPS="build ab" AB_PROMPT_LEN="512 4096" AB="|X=1" scripts/gpu_run.sh   # the A/B at two prompt lengths
+#   STEPS="build ab" AB="|--warmup=0" scripts/gpu_run.sh   # words starting with -- are bench options
 #   STEPS="build bench ab" AB="||" AB_TREE=ab_prev scripts/gpu_run.sh   # A/B of a code change: ab_prev holds
 #                                             # the changed files as they were (an untracked folder)
 #   DOCTOR_ARGS=--bandwidth-sweep STEPS="build doctor" scripts/gpu_run.sh   # read-bandwidth sweep too
@@ -273,8 +274,11 @@ if has ab; then
       for bin in "${binaries[@]}"; do
         echo "--- ${setting:-default}${AB_TREE:+ ($bin)}"
         setting_words "$setting"
-        env "${words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
-          --prompt-ids "$ab_prompt" -n 64 --ignore-eos --no-adaptive --bandwidth 2>&1 \
+        # Words that start with "--" are bench options (e.g. --warmup=0), the rest environment.
+        env_words=(); arg_words=()
+        for w in "${words[@]}"; do if [[ $w == --* ]]; then arg_words+=("$w"); else env_words+=("$w"); fi; done
+        env "${env_words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
+          --prompt-ids "$ab_prompt" -n 64 --ignore-eos --no-adaptive --bandwidth "${arg_words[@]}" 2>&1 \
           | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs|^prefill"
       done
     done
