@@ -264,6 +264,16 @@ if has ab; then
   # environment assignments, an empty one the default build): the A/B of a change in one run.
   # AB_PROMPT_LEN: the prompt's tokens (512, as the bench step's, unless set); several lengths
   # ("512 4096") run the whole list once at each.
+  # SMI_LOG=1: the GPU's clocks, power and throttle reasons every 50 ms while the A/B runs
+  # (nvidia-smi only reads them), into $OUT/smi.csv, with each run's start and end marked.
+  smi_pid=
+  if [[ -n ${SMI_LOG:-} ]] && command -v nvidia-smi >/dev/null; then
+    : >"$OUT/smi.csv"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+      --format=csv -lms 50 >>"$OUT/smi.csv" 2>&1 &
+    smi_pid=$!
+  fi
+  smi_mark() { [[ -n $smi_pid ]] && echo "# $(date -u +%Y/%m/%d\ %H:%M:%S.%3N) $*" >>"$OUT/smi.csv"; return 0; }
   for ab_len in ${AB_PROMPT_LEN:=512}; do
     step "A/B at Qwen3-8B shapes, ${ab_len}-token prompt: ${AB:=DFLASH_CUDA_PDL=0|DFLASH_ATTN_MMA=0|}"
     ab_prompt=$(q8b_prompt "$ab_len")
@@ -277,12 +287,15 @@ if has ab; then
         # Words that start with "--" are bench options (e.g. --warmup=0), the rest environment.
         env_words=(); arg_words=()
         for w in "${words[@]}"; do if [[ $w == --* ]]; then arg_words+=("$w"); else env_words+=("$w"); fi; done
+        smi_mark "start ${setting:-default}"
         env "${env_words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
           --prompt-ids "$ab_prompt" -n 64 --ignore-eos --no-adaptive --bandwidth "${arg_words[@]}" 2>&1 \
           | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs|^prefill"
+        smi_mark "end ${setting:-default}"
       done
     done
   done
+  [[ -n $smi_pid ]] && kill "$smi_pid"
 fi
 
 if has forced; then

@@ -28,7 +28,8 @@ struct BenchArgs {
   std::string json_out;
   int max_new_tokens = 128;
   int prefill_runs = 5;  // 0: no prefill timing
-  int warmup = 1;        // untimed runs of the first prompt before the timed ones
+  int warmup = 1;          // untimed runs of the first prompt before the timed ones
+  int warmup_tokens = 16;  // new tokens of each (at most the prompt's own)
   bool chat = false;
   bool bandwidth = false;
   bool ignore_eos = false;
@@ -208,14 +209,19 @@ int run_bench(BenchArgs& a) {
   };
   // A first request pays once for what later ones reuse: on a GPU the CUDA graphs' first
   // instantiation (a decode step after prefill took 8.2 ms against 4.5, H200 timeline), scratch
-  // from the driver, cuBLAS loading its kernels. The timed runs measure the steady state, as the
-  // transformers baseline (tools/hf_side_by_side.py) does after its own warm-up; the block
-  // controller's history is cleared so they start from what a fresh engine knows.
+  // from the driver, cuBLAS loading its kernels. The timed runs leave that out, as the
+  // transformers baseline (tools/hf_side_by_side.py) does with its own warm-up; the block
+  // controller's history is cleared so they start from what a fresh engine knows. The warm-up is
+  // short by default: a GPU that runs for a second or more reaches its power cap and lowers its
+  // clocks (an H200 at 700 W: docs/benchmarks.md, thirty-eighth pass), so longer warm-ups
+  // (--warmup-tokens) measure sustained decoding, the default a request on an idle GPU.
   for (int w = 0; w < a.warmup; ++w) {
-    const GenerationRequest req = request_for(prompts.front());
+    GenerationRequest req = request_for(prompts.front());
+    req.max_new_tokens = std::min(req.max_new_tokens, a.warmup_tokens);
     m.engine->generate_plain(req);
     if (m.drafter) m.engine->generate_speculative(req);
   }
+  report["warmup_tokens"] = a.warmup_tokens;
   if (a.warmup > 0) m.engine->forget_history();
   report["warmup_runs"] = a.warmup;
   std::printf("%-24s %7s %12s %12s %8s %6s  %s\n", "prompt", "tokens", "plain tok/s", "spec tok/s", "speedup", "tau",
@@ -322,6 +328,8 @@ RegisterCommand reg("bench", "Benchmark plain against speculative decoding over 
   sub.add_option("--warmup", a->warmup,
                  "Untimed runs of the first prompt (plain and speculative) before the timed ones (default 1)")
       ->check(CLI::Range(0, 100));
+  sub.add_option("--warmup-tokens", a->warmup_tokens, "New tokens of each warm-up run (default 16)")
+      ->check(CLI::PositiveNumber);
   sub.add_flag("--chat", a->chat, "Wrap text prompts in the chat template");
   sub.add_flag("--ignore-eos", a->ignore_eos, "Generate max-new-tokens even past end-of-sequence");
   sub.add_flag("--bandwidth", a->bandwidth, "Also measure copy bandwidth and the plain-decode bound");
