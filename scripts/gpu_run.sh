@@ -17,6 +17,7 @@
 #   STEPS="build ncu" NCU_SOURCE="split_kernel:5" scripts/gpu_run.sh   # Nsight Compute (step "ncu")
 #   STEPS="timeline" scripts/gpu_run.sh      # device-side timeline of every kernel (a second build)
 #   STEPS="timeline" AB_TREE=ab_prev TL_AB="DFLASH_SKINNY_PERSIST=0" scripts/gpu_run.sh   # of both trees
+#   STEPS="timeline" TL_AB="--warmup=4 --warmup-tokens=64" scripts/gpu_run.sh   # and sustained (bench options)
 #   BUILD_TESTS= STEPS="build bench" scripts/gpu_run.sh   # build dflash alone, not dflash_tests (or BUILD_TESTS=0)
 #
 # The device image is Ubuntu with CUDA, CMake 4 and g++ 13 but may lack the engine's system
@@ -377,14 +378,16 @@ if has timeline; then
       && cmake --build "$2" -j"$JOBS" --target dflash >/tmp/tl-build.log 2>&1 \
       || { tail -5 /tmp/tl-configure.txt; grep -E "error" /tmp/tl-build.log | head -20; echo "timeline build FAILED"; return 1; }
   }
-  tl_run() {  # label, binary, "draft" or "", settings
+  tl_run() {  # label, binary, "draft" or "", settings, report options
     local label=$1 bin=$2 draft=${3:+--draft $Q8B-dflash}
     setting_words "${4:-}"
-    env "${words[@]}" DFLASH_CUDA_TIMELINE_RECORDS=25000000 DFLASH_CUDA_TIMELINE_OUT=/tmp/tl_$label.bin timeout 150 \
-      "$bin" bench --device cuda --model $Q8B $draft --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive 2>&1 \
-      | grep -E "^ALL"
+    local env_words=() arg_words=() w
+    for w in "${words[@]}"; do if [[ $w == --* ]]; then arg_words+=("$w"); else env_words+=("$w"); fi; done
+    env "${env_words[@]}" DFLASH_CUDA_TIMELINE_RECORDS=${TL_RECORDS:-25000000} DFLASH_CUDA_TIMELINE_OUT=/tmp/tl_$label.bin timeout 150 \
+      "$bin" bench --device cuda --model $Q8B $draft --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive \
+      "${arg_words[@]}" 2>&1 | grep -E "^ALL"
     echo "=== timeline $label (${4:-default})" >>"$OUT/timeline.txt"
-    python3 tools/timeline_report.py ${TL_ARGS:-} /tmp/tl_$label.bin --save "$OUT/timeline_$label.npz" 2>&1 \
+    python3 tools/timeline_report.py ${TL_ARGS:-} ${5:-} /tmp/tl_$label.bin --save "$OUT/timeline_$label.npz" 2>&1 \
       | tee -a "$OUT/timeline.txt" | grep -E "^== |^(q/k/v|o|gate/up|down|LM head) |^sum"
     rm -f /tmp/tl_$label.bin
   }
@@ -395,7 +398,8 @@ if has timeline; then
     IFS='|' read -ra tl_settings <<<"${TL_AB:-}"
     i=0
     for setting in "${tl_settings[@]}"; do
-      [[ -n $setting ]] && tl_run "ab$((i++))" "$TL/dflash" draft "$setting"
+      # TL_AB_REPORT: report options for these runs only (e.g. --skip 130 past warm-up forwards).
+      [[ -n $setting ]] && tl_run "ab$((i++))" "$TL/dflash" draft "$setting" "${TL_AB_REPORT:-}"
     done
     [[ -n ${AB_TREE:-} ]] && make_ab_tree
     if [[ -n ${AB_TREE:-} ]] && tl_build /tmp/ab-tree /tmp/ab-tree/build-timeline; then
