@@ -394,7 +394,7 @@ if has timeline; then
   if tl_build . "$TL"; then
     [[ -f $Q8B/config.json ]] || "$TL/dflash" synth --preset qwen3-8b --out $Q8B --draft-out $Q8B-dflash
     # A speculative bench runs plain decoding first: one timeline holds decode, draft and verify.
-    tl_run spec "$TL/dflash" draft
+    [[ ${TL_DEFAULT:-1} == 0 ]] || tl_run spec "$TL/dflash" draft  # TL_DEFAULT=0: only the TL_AB runs
     IFS='|' read -ra tl_settings <<<"${TL_AB:-}"
     i=0
     for setting in "${tl_settings[@]}"; do
