@@ -43,7 +43,6 @@ inline void expect_queued_equals_host_driven(Qwen3Model& target, DFlashDrafter& 
           ASSERT_EQ(a.stats.step_acceptance, b.stats.step_acceptance) << what;
           // The queued loop runs at most one step past the end, and only past a stop it could
           // not foresee: a request cut by max_new_tokens or the context computes no step to drop.
-          EXPECT_EQ(b.stats.discarded_steps, 0) << what;
           EXPECT_LE(a.stats.discarded_steps, a.finish == FinishReason::Stop ? 1 : 0) << what;
         }
       }

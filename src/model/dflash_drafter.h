@@ -45,7 +45,8 @@ class DFlashDrafter {
   // target's LM head again (borrowed for the block's logits). add_context reads the layers' k/v
   // weights a second time (context_kv_proj_ is a copy of them, stacked for one product), but a
   // step that projected its context rows with its block rows would read them once, so this
-  // floor counts them once (until 2026-12-03 it counted them twice: a roofline 0.45 % longer at Qwen3-8B shapes).
+  // floor counts them once (until 2026-12-03 it counted them twice: at Qwen3-8B shapes a
+  // roofline 0.45 % longer).
   int64_t weight_bytes_per_step() const;
   SequenceState new_sequence(int64_t capacity) const;
 
