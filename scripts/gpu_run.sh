@@ -296,7 +296,10 @@ if has ab; then
       done
     done
   done
-  [[ -n $smi_pid ]] && kill "$smi_pid"
+  if [[ -n $smi_pid ]]; then
+    kill "$smi_pid"
+    python3 tools/smi_report.py "$OUT/smi.csv"
+  fi
 fi
 
 if has forced; then
