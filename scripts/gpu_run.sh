@@ -74,7 +74,14 @@ make_ab_tree() {
 }
 # One setting of AB or TEST_AB ("A=1 B=2", shell quoting allowed: "DFLASH_CUDA_PDL_SKIP='matmul (skinny)'")
 # as words for env.
-setting_words() { eval "words=($1)"; }
+# A setting's words; of them, those starting with "--" are bench options (arg_words), the rest
+# environment assignments (env_words).
+setting_words() {
+  eval "words=($1)"
+  env_words=() arg_words=()
+  local w
+  for w in "${words[@]}"; do if [[ $w == --* ]]; then arg_words+=("$w"); else env_words+=("$w"); fi; done
+}
 status=0
 
 DEPS=${DEPS:-/opt/deps}
@@ -285,9 +292,6 @@ if has ab; then
       for bin in "${binaries[@]}"; do
         echo "--- ${setting:-default}${AB_TREE:+ ($bin)}"
         setting_words "$setting"
-        # Words that start with "--" are bench options (e.g. --warmup=0), the rest environment.
-        env_words=(); arg_words=()
-        for w in "${words[@]}"; do if [[ $w == --* ]]; then arg_words+=("$w"); else env_words+=("$w"); fi; done
         smi_mark "start ${setting:-default}"
         env "${env_words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
           --prompt-ids "$ab_prompt" -n 64 --ignore-eos --no-adaptive --bandwidth "${arg_words[@]}" 2>&1 \
@@ -384,8 +388,6 @@ if has timeline; then
   tl_run() {  # label, binary, "draft" or "", settings, report options
     local label=$1 bin=$2 draft=${3:+--draft $Q8B-dflash}
     setting_words "${4:-}"
-    local env_words=() arg_words=() w
-    for w in "${words[@]}"; do if [[ $w == --* ]]; then arg_words+=("$w"); else env_words+=("$w"); fi; done
     env "${env_words[@]}" DFLASH_CUDA_TIMELINE_RECORDS=${TL_RECORDS:-25000000} DFLASH_CUDA_TIMELINE_OUT=/tmp/tl_$label.bin timeout 150 \
       "$bin" bench --device cuda --model $Q8B $draft --prompt-ids "$(q8b_prompt)" -n 64 --ignore-eos --no-adaptive \
       "${arg_words[@]}" 2>&1 | grep -E "^ALL"

@@ -221,9 +221,9 @@ int run_bench(BenchArgs& a) {
     m.engine->generate_plain(req);
     if (m.drafter) m.engine->generate_speculative(req);
   }
-  report["warmup_tokens"] = a.warmup_tokens;
   if (a.warmup > 0) m.engine->forget_history();
   report["warmup_runs"] = a.warmup;
+  report["warmup_tokens"] = a.warmup_tokens;
   std::printf("%-24s %7s %12s %12s %8s %6s  %s\n", "prompt", "tokens", "plain tok/s", "spec tok/s", "speedup", "tau",
               "acceptance histogram / block");
   GenerationStats spec_total, plain_total;

@@ -84,9 +84,7 @@ GenerationResult Engine::generate_plain(const GenerationRequest& r) {
     st.plain_seconds += step.seconds();
     out.commit(token);
   }
-  st.generated_tokens = static_cast<int64_t>(result.tokens.size());
-  st.first_tokens = st.generated_tokens > 0 ? 1 : 0;
-  st.total_seconds = total.seconds();
+  st.finish_request(static_cast<int64_t>(result.tokens.size()), total.seconds());
   return result;
 }
 
@@ -141,9 +139,7 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
     current->get();
     ++st.discarded_steps;
   }
-  st.generated_tokens = static_cast<int64_t>(result.tokens.size());
-  st.first_tokens = st.generated_tokens > 0 ? 1 : 0;
-  st.total_seconds = total.seconds();
+  st.finish_request(static_cast<int64_t>(result.tokens.size()), total.seconds());
   return result;
 }
 

@@ -190,9 +190,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   st.final_block_size = blocks.drafting_over() ? 1 : blocks.block();
   st.max_block_size = std::max(st.max_block_size, block_size_);
   st.draft_block_size = draft_block_;
-  st.generated_tokens = static_cast<int64_t>(result.tokens.size());
-  st.first_tokens = st.generated_tokens > 0 ? 1 : 0;
-  st.total_seconds = total.seconds();
+  st.finish_request(static_cast<int64_t>(result.tokens.size()), total.seconds());
   return result;
 }
 

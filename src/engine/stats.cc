@@ -44,6 +44,12 @@ std::vector<double> GenerationStats::per_position_acceptance() const {
   return out;
 }
 
+void GenerationStats::finish_request(int64_t tokens, double seconds) {
+  generated_tokens = tokens;
+  first_tokens = tokens > 0 ? 1 : 0;
+  total_seconds = seconds;
+}
+
 double GenerationStats::decode_tokens_per_second() const {
   const double t = total_seconds - prefill_seconds;
   return t > 0 ? double(generated_tokens - first_tokens) / t : 0.0;

@@ -31,6 +31,8 @@ struct GenerationStats {
   int final_block_size = 0;
 
   void record_step(int block_size, int acceptance_length);
+  // A request's end: its tokens (the first of them the prefill's) and its time in all.
+  void finish_request(int64_t tokens, double seconds);
   double mean_acceptance_length() const;
   std::vector<double> per_position_acceptance() const;  // rows 1 … B−1
   // Tokens decoding made (generated_tokens − first_tokens) over the time after prefill.
