@@ -726,6 +726,15 @@ TEST(CudaQueuedSteps, EqualHostDrivenSteps) {
 #endif
 }
 
+TEST(CudaQueuedSteps, TruncatedContextEqualsCommittedRows) {
+  REQUIRE_GPU(backend);
+  for (const auto& [t, d] : kTinyPairs) {
+    auto target = Qwen3Model::load(tiny(t), *backend);
+    auto drafter = DFlashDrafter::load(tiny(d), *target);
+    expect_truncated_context_equals_committed_rows(*target, *drafter);
+  }
+}
+
 // Backend::seconds_between, from which the speculative loop's recording rule takes the device's
 // wait for the host: the device time of the work queued between two marks (about 20 ms of
 // copies queued a moment before; it waits for the later mark), and an error for another

@@ -12,8 +12,12 @@ namespace dflash::test {
 
 // Greedy decoding without penalties keeps the chosen ids on the backend and queues each step
 // before the host reads the step ahead (EngineOptions::queue_ahead); with it off the host reads
-// every choice first. Both loops must give the same tokens, finish reasons and steps, through
-// end-of-sequence, max_new_tokens and a context that runs out.
+// every choice first. The queued side also queues the drafter's context rows of each verified
+// block before the read (EngineOptions::context_ahead: all rows, truncated afterwards), the
+// host-driven side only the committed rows, after it. Both loops must give the same tokens,
+// finish reasons and steps (each step's acceptance among them: a drafter left with another
+// context drafts other tokens), through end-of-sequence, max_new_tokens and a context that
+// runs out.
 inline void expect_queued_equals_host_driven(Qwen3Model& target, DFlashDrafter& drafter, int prompts, uint32_t seed) {
   const int vocab = target.config().vocab_size;
   for (int block : {4, 16}) {
@@ -23,6 +27,8 @@ inline void expect_queued_equals_host_driven(Qwen3Model& target, DFlashDrafter& 
       queued.adaptive = host.adaptive = false;
       queued.context_length = host.context_length = context;
       host.queue_ahead = false;
+      queued.context_ahead = 1;
+      host.context_ahead = 0;
       Engine eq(target, &drafter, queued), eh(target, &drafter, host);
       std::mt19937 rng(seed + uint32_t(block) + uint32_t(context));
       for (int i = 0; i < prompts; ++i) {
@@ -47,6 +53,39 @@ inline void expect_queued_equals_host_driven(Qwen3Model& target, DFlashDrafter& 
         }
       }
     }
+  }
+}
+
+// What EngineOptions::context_ahead rests on: the drafter's context rows of a whole verified
+// block, truncated to the n committed ones, leave the drafter as the n rows alone do. The next
+// draft's logits must be the same bits, twice over (the second round's rows overwrite the
+// first round's truncated ones).
+inline void expect_truncated_context_equals_committed_rows(Qwen3Model& target, DFlashDrafter& drafter) {
+  Backend& b = target.backend();
+  const std::vector<int>& layers = drafter.config().target_layer_ids;
+  const int vocab = target.config().vocab_size, B = 4;
+  SequenceState t_state = target.new_sequence(64);
+  SequenceState ahead = drafter.new_sequence(64), after = drafter.new_sequence(64);
+  std::vector<int32_t> prompt = {1, 5, 2, 7, 3};
+  for (auto& id : prompt) id %= vocab;
+  ForwardOutput f = target.forward(t_state, prompt, false, layers);
+  drafter.add_context(ahead, f.features);
+  drafter.add_context(after, f.features);
+  for (int n : {2, 1}) {
+    std::vector<int32_t> block(B);
+    for (int i = 0; i < B; ++i) block[size_t(i)] = static_cast<int32_t>((3 * i + n) % vocab);
+    const int64_t s = t_state.length();
+    ForwardOutput v = target.forward(t_state, block, true, layers);
+    drafter.add_context(ahead, v.features);
+    ahead.truncate(s + n);
+    drafter.add_context(after, v.features.slice_rows(0, n));
+    t_state.truncate(s + n);
+    ASSERT_EQ(ahead.length(), after.length());
+    const Tensor la = drafter.draft(ahead, block[size_t(n)], B), lb = drafter.draft(after, block[size_t(n)], B);
+    std::vector<float> xa(size_t(la.rows * la.cols)), xb(size_t(lb.rows * lb.cols));
+    b.download(la, xa.data());
+    b.download(lb, xb.data());
+    ASSERT_EQ(xa, xb) << "the draft after " << n << " committed rows of " << B;
   }
 }
 

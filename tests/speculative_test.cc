@@ -363,4 +363,11 @@ TEST(QueuedSteps, EqualHostDrivenSteps) {
     expect_queued_equals_host_driven(*pair.target, *pair.drafter, 12, 7);
   }
 }
+
+TEST(QueuedSteps, TruncatedContextEqualsCommittedRows) {
+  for (const auto& [t, d] : kPairs) {
+    Pair pair(t, d);
+    expect_truncated_context_equals_committed_rows(*pair.target, *pair.drafter);
+  }
+}
 }  // namespace

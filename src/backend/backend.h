@@ -238,6 +238,10 @@ class Backend {
                               std::unique_ptr<QueueMark>* started);
   // Whether queue_recorded records (false: it just runs the step, as the default does).
   virtual bool records_steps() const { return false; }
+  // Whether queued ops run while the host goes on (CUDA: a stream). Where they do, work queued
+  // before a read runs while the host waits for it and then decides; where they do not
+  // (the CPU), each op has run when its call returns.
+  virtual bool runs_ahead() const { return false; }
 
   // Fused steps of a decoder layer. The defaults (backend.cc) compose the ops above; a backend
   // overrides one where a single kernel saves launches and passes over memory. An override

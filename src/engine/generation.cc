@@ -27,6 +27,8 @@ Engine::Engine(Qwen3Model& target, DFlashDrafter* drafter, EngineOptions options
     throw Error("--block-size must be between 2 and 32, got " + std::to_string(block_size_));
   draft_block_ = drafter ? std::max(block_size_, drafter->config().block_size) : 1;
   if (const char* e = std::getenv("DFLASH_QUEUE_AHEAD"); e && std::string(e) == "0") options_.queue_ahead = false;
+  if (const char* e = std::getenv("DFLASH_CONTEXT_AHEAD"); e && (std::string(e) == "0" || std::string(e) == "1"))
+    options_.context_ahead = std::atoi(e);
 }
 
 void Engine::check_request(const GenerationRequest& r) const {

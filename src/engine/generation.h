@@ -52,6 +52,14 @@ struct EngineOptions {
   // before queuing the next (what other sampling does; the same tokens). DFLASH_QUEUE_AHEAD=0
   // sets it false (measuring).
   bool queue_ahead = true;
+  // When the drafter's context rows for a verified block are queued. 1: right behind the
+  // verification, every row of the block (the rejected rows are then truncated away, as the
+  // target's are), so that the update runs while the host waits for the block's result and
+  // decides; 0: after the decision, the committed rows only, so that no row is projected in
+  // vain. -1 (default): 1 where the backend runs ahead of the host (Backend::runs_ahead), 0
+  // where each op has run when its call returns. The same context rows, the same tokens.
+  // DFLASH_CONTEXT_AHEAD=0 or 1 sets it (measuring).
+  int context_ahead = -1;
 };
 
 class Engine {

@@ -31,6 +31,9 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
   const int64_t capacity =
       std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens + draft_block_);
   Backend& b = target_.backend();
+  // Whether the drafter's context rows of a verified block are queued behind the verification
+  // (all B rows, truncated to the committed ones once the host knows them; EngineOptions).
+  const bool context_ahead = options_.context_ahead < 0 ? b.runs_ahead() : options_.context_ahead == 1;
   Rng rng(sp.seed);
   BlockController blocks(block_size_, options_.adaptive, &history_);
   for (auto& e : blocks.take_events()) st.adaptive_events.push_back(e);
@@ -112,7 +115,9 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       } else {
         verify();
       }
-      const std::vector<int32_t> read = b.read_ids(ids)->get();
+      std::unique_ptr<PendingIds> pending = b.read_ids(ids);
+      if (context_ahead) drafter_->add_context(drafter_state, v.features);  // runs while the host waits
+      const std::vector<int32_t> read = pending->get();
       std::copy(read.begin(), read.begin() + B, block.begin());
       choices.assign(read.begin() + B, read.end());
       draft_seconds = b.seconds_between(*draft_start, *drafted);
@@ -139,6 +144,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
 
       // Section 5: the target runs the block causally; row i − 1 predicts position s + i.
       v = target_.forward(target_state, block, true, feature_layers);
+      if (context_ahead) drafter_->add_context(drafter_state, v.features);
       target_rows.read(v.logits, history(block.data() + 1, B - 1));
       if (!greedy) target_rows.look_up(block.data() + 1, B - 1);  // every p(d_i) in one trip
     }
@@ -175,7 +181,8 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
     // Commit anchor + a drafts; rows of rejected drafts leave the target's cache, and only
     // the committed rows' features become the drafter's next context rows.
     target_state.truncate(s + accepted + 1);
-    drafter_->add_context(drafter_state, v.features.slice_rows(0, accepted + 1));
+    if (context_ahead) drafter_state.truncate(s + accepted + 1);
+    else drafter_->add_context(drafter_state, v.features.slice_rows(0, accepted + 1));
     const double verify_seconds = step_time.seconds() - draft_seconds;
     st.draft_seconds += draft_seconds;
     st.verify_seconds += verify_seconds;

@@ -659,6 +659,7 @@ class CudaBackend final : public Backend {
   // Under the profiler (its events cannot sit in a capture) or DFLASH_CUDA_GRAPHS=0 the ops
   // launch one by one.
   bool records_steps() const override { return !prof_ && graphs_enabled(); }
+  bool runs_ahead() const override { return true; }
 
   // Recorded as a CUDA graph (graph_recorder.h).
   void queue_recorded(const std::string& key, const std::function<void()>& step,
