@@ -304,6 +304,54 @@ TEST(CudaQkNormRope, PromptRowsEqualRowsAlone) {
   }
 }
 
+// The drafter's context rows of several layers stored in one launch (kv_norm_rope_store) must
+// give each layer's cache the rows a qk_norm_rope_store a layer gives it, bit for bit: one row
+// (where the layer-by-layer op takes its block kernel) and blocks of rows, every head size.
+TEST(CudaQkNormRope, LayersAtOnceEqualLayerByLayer) {
+  REQUIRE_GPU(backend);
+  Backend& gpu = *backend;
+  for (const int64_t D : {64, 128, 256}) {
+    for (const int64_t T : {1, 16}) {
+      const int64_t layers = 5, hkv = 2, pos0 = 9, cols = 2 * hkv * D, cache_rows = pos0 + T;
+      SCOPED_TRACE("head_dim " + std::to_string(D) + ", rows " + std::to_string(T));
+      std::mt19937 rng(static_cast<uint32_t>(D + T));
+      auto fill = [&](int64_t n, float mean, float scale) { return bf16_normal(rng, n, mean, scale); };
+      const auto x = fill(T * cols * layers, 0.f, 2.f), kn = fill(D * layers, 1.f, 0.2f);
+      const Tensor kv = upload_as(gpu, x.data(), T, cols * layers, DType::BF16);
+      RopeConfig rc;
+      rc.theta = 1e6;
+      RopeTable table(rc, int(D));
+      table.ensure(cache_rows);
+      std::vector<int32_t> positions(static_cast<size_t>(T));
+      for (int64_t i = 0; i < T; ++i) positions[size_t(i)] = int32_t(pos0 + i);
+      std::vector<Tensor> norms, caches_at_once, caches_by_layer;  // k, v of each layer
+      std::vector<Backend::KvRows> stores;
+      for (int64_t l = 0; l < layers; ++l) {
+        norms.push_back(gpu.upload(kn.data() + l * D, 1, D));
+        for (auto* caches : {&caches_at_once, &caches_by_layer})
+          for (int kv_half = 0; kv_half < 2; ++kv_half) caches->push_back(gpu.alloc(cache_rows, hkv * D, DType::BF16));
+      }
+      for (int64_t l = 0; l < layers; ++l) {
+        const Tensor k = kv.slice_cols(l * cols, hkv * D), v = kv.slice_cols(l * cols + hkv * D, hkv * D);
+        stores.push_back({k, v, norms[size_t(l)], caches_at_once[size_t(2 * l)].slice_rows(pos0, T),
+                          caches_at_once[size_t(2 * l + 1)].slice_rows(pos0, T)});
+        Tensor none, k_dst = caches_by_layer[size_t(2 * l)].slice_rows(pos0, T),
+                     v_dst = caches_by_layer[size_t(2 * l + 1)].slice_rows(pos0, T);
+        gpu.qk_norm_rope_store(none, k, v, norms[size_t(l)], norms[size_t(l)], 1e-6f, positions, D, table, k_dst,
+                               v_dst);
+      }
+      gpu.kv_norm_rope_store(stores, 1e-6f, positions, D, table);
+      for (size_t i = 0; i < caches_at_once.size(); ++i) {
+        const auto a = download(gpu, caches_at_once[i].slice_rows(pos0, T));
+        const auto b = download(gpu, caches_by_layer[i].slice_rows(pos0, T));
+        for (const float v : a) ASSERT_TRUE(std::isfinite(v));
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+            << "layer " << i / 2 << (i % 2 ? " values" : " keys") << " differ";
+      }
+    }
+  }
+}
+
 // The skinny products (skinny_matmul.cu) at 16 rows, whose weights are cut into K slices (2,
 // 4 or 8 a block at these shapes): every row of a block must equal the row alone, bit for bit,
 // for each epilogue: the plain product (4064 columns: one n8 tile a warp, four slices), the

@@ -467,6 +467,15 @@ void Backend::qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, co
   copy(v, v_dst);
 }
 
+void Backend::kv_norm_rope_store(const std::vector<KvRows>& layers, float eps, const std::vector<int32_t>& positions,
+                                 int64_t head_dim, const RopeTable& table) {
+  Tensor none;
+  for (const KvRows& l : layers) {
+    Tensor k_dst = l.k_dst, v_dst = l.v_dst;
+    qk_norm_rope_store(none, l.k, l.v, l.k_norm, l.k_norm, eps, positions, head_dim, table, k_dst, v_dst);
+  }
+}
+
 FusedWeightShape fused_weight_shape(const std::vector<const TensorInfo*>& parts) {
   FusedWeightShape f;
   int64_t cols = -1;

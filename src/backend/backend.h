@@ -264,6 +264,15 @@ class Backend {
   virtual void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, const std::vector<int32_t>& positions,
                                   int64_t head_dim, const RopeTable& table, Tensor& k_dst, Tensor& v_dst);
+  // One layer's part of kv_norm_rope_store.
+  struct KvRows {
+    Tensor k, v, k_norm, k_dst, v_dst;
+  };
+  // qk_norm_rope_store without q, for several layers' keys and values of the same rows (the
+  // drafter's context rows: every layer's k/v come from one product). The default stores them
+  // layer by layer; a backend may store all layers at once, with the same numbers.
+  virtual void kv_norm_rope_store(const std::vector<KvRows>& layers, float eps, const std::vector<int32_t>& positions,
+                                  int64_t head_dim, const RopeTable& table);
 };
 
 // The shape of several checkpoint tensors concatenated along rows (a fused projection; a 1-D

@@ -237,8 +237,16 @@ void DFlashDrafter::add_context(SequenceState& state, const Tensor& features) {
   const int64_t kv_cols = 2 * int64_t(c.num_key_value_heads) * c.head_dim;
   Tensor kv = b.alloc(m, kv_cols * int64_t(layers_.size()), dt);
   b.matmul(ctx, context_kv_proj_, kv);
-  for (size_t l = 0; l < layers_.size(); ++l)
-    store_kv(b, layers_[l], c, rope_, kv.slice_cols(int64_t(l) * kv_cols, kv_cols), pos, state.kv(l), state.length());
+  // Every layer's rows in one call (one launch on the GPU instead of a launch a layer).
+  std::vector<Backend::KvRows> stores;
+  const int64_t half = kv_cols / 2;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Tensor layer_kv = kv.slice_cols(int64_t(l) * kv_cols, kv_cols);
+    KvCache& cache = state.kv(l);
+    stores.push_back({layer_kv.slice_cols(0, half), layer_kv.slice_cols(half, half), layers_[l].k_norm,
+                      cache.k.slice_rows(state.length(), m), cache.v.slice_rows(state.length(), m)});
+  }
+  b.kv_norm_rope_store(stores, static_cast<float>(c.rms_norm_eps), pos, c.head_dim, rope_);
   state.advance(m);
 }
 

@@ -51,16 +51,6 @@ DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t ro
   return s;
 }
 
-void store_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
-              const Tensor& kv, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0) {
-  const int64_t T = kv.rows, D = c.head_dim, kv_cols = int64_t(c.num_key_value_heads) * D;
-  if (kv.cols != 2 * kv_cols)
-    throw Error("store_kv: " + kv.describe() + " for " + std::to_string(kv_cols) + " key and value columns");
-  Tensor none, k_dst = cache.k.slice_rows(pos0, T), v_dst = cache.v.slice_rows(pos0, T);
-  b.qk_norm_rope_store(none, kv.slice_cols(0, kv_cols), kv.slice_cols(kv_cols, kv_cols), w.q_norm, w.k_norm,
-                       static_cast<float>(c.rms_norm_eps), positions, D, rope, k_dst, v_dst);
-}
-
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
                                  const RopeTable& rope, Tensor& x, NormedRows& normed, const Tensor& next_norm,
                                  const std::vector<int32_t>& q_pos, KvCache& cache, int64_t kv_pos0, int64_t kv_len,

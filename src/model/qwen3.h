@@ -96,10 +96,4 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
                                  AttentionMask mask, DecoderScratch& s);
 DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows);
 
-// Stores T rows' keys and values, given their projections kv = [k_proj(h) | v_proj(h)]
-// ([T, 2 · kv heads · head_dim]): k_norm and RoPE at `positions` on the keys, then both into
-// cache rows pos0 … pos0 + T − 1.
-void store_kv(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c, const RopeTable& rope,
-              const Tensor& kv, const std::vector<int32_t>& positions, KvCache& cache, int64_t pos0);
-
 }  // namespace dflash

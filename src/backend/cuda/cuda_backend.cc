@@ -469,6 +469,43 @@ class CudaBackend final : public Backend {
                              stream_);
   }
 
+  void kv_norm_rope_store(const std::vector<KvRows>& layers, float eps, const std::vector<int32_t>& positions,
+                          int64_t head_dim, const RopeTable& table) override {
+    const char* op = "kv_norm_rope_store";
+    // DFLASH_KV_STORE_LAYERS=0 (measuring only): a launch a layer, as before 2026-12-03.
+    static const bool enabled = [] {
+      const char* e = std::getenv("DFLASH_KV_STORE_LAYERS");
+      return !(e && std::string(e) == "0");
+    }();
+    const int64_t T = layers.empty() ? 0 : layers[0].k.rows;
+    bool fused = enabled && cuda::kv_norm_rope_store_applies(int64_t(layers.size()), head_dim) && table.head_dim() == head_dim &&
+                 static_cast<int64_t>(positions.size()) == T && layers[0].k.cols % head_dim == 0;
+    for (const KvRows& l : layers) {
+      fused = fused && on_device(l.k, DType::BF16) && on_device(l.v, DType::BF16) && on_device(l.k_dst, DType::BF16) &&
+              on_device(l.v_dst, DType::BF16) && on_device(l.k_norm, DType::F32) && l.k_norm.numel() == head_dim &&
+              l.k.rows == T && l.k.cols == layers[0].k.cols;
+      if (!fused) break;
+      expect_same_shape(l.k, l.v, op);
+      expect_same_shape(l.k, l.k_dst, op);
+      expect_same_shape(l.v, l.v_dst, op);
+    }
+    if (!fused) return Backend::kv_norm_rope_store(layers, eps, positions, head_dim, table);
+    const std::shared_ptr<void> dev_pos = device_positions(positions, table, op);
+    if (T == 0) return;
+    OpTimer timer(prof_.get(), op, [&] {
+      return std::to_string(layers.size()) + "x" + std::to_string(T) + "x2x" +
+             std::to_string(layers[0].k.cols / head_dim) + "x" + std::to_string(head_dim);
+    });
+    std::vector<cuda::KvLayerRows> rows;
+    for (const KvRows& l : layers)
+      rows.push_back({l.k.data, l.v.data, l.k_norm.ptr<float>(), l.k_dst.data, l.v_dst.data, l.k.ld, l.v.ld,
+                      l.k_dst.ld, l.v_dst.ld});
+    const RopeEntry& e = rope_table(table);
+    cuda::kv_norm_rope_store(rows.data(), int64_t(rows.size()), layers[0].k.cols / head_dim, eps, T, head_dim,
+                             static_cast<const int32_t*>(dev_pos.get()), positions[0],
+                             static_cast<const float*>(e.cos.get()), static_cast<const float*>(e.sin.get()), stream_);
+  }
+
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t kv_len, int64_t q_pos0, int64_t head_dim,
                  AttentionMask mask, Tensor& out) override {
     expect(q, DType::BF16, "attention", "q");

@@ -159,5 +159,20 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
                         int64_t hkv, const float* q_norm, const float* k_norm, float eps, int64_t rows,
                         int64_t head_dim, const int32_t* positions, int64_t pos0, const float* cos, const float* sin,
                         void* k_dst, int64_t ldkd, void* v_dst, int64_t ldvd, cudaStream_t s);
+// Backend::kv_norm_rope_store: qk_norm_rope_store without q for n_layers ≤ kMaxKvLayers layers'
+// rows at the same positions, in one launch (head_dim 64, 128 or 256: kv_norm_rope_store_applies).
+constexpr int kMaxKvLayers = 8;
+struct KvLayerRows {
+  const void* k;
+  const void* v;
+  const float* k_norm;
+  void* k_dst;
+  void* v_dst;
+  int64_t ldk, ldv, ldkd, ldvd;
+};
+bool kv_norm_rope_store_applies(int64_t layers, int64_t head_dim);
+void kv_norm_rope_store(const KvLayerRows* layers, int64_t n_layers, int64_t hkv, float eps, int64_t rows,
+                        int64_t head_dim, const int32_t* positions, int64_t pos0, const float* cos, const float* sin,
+                        cudaStream_t s);
 
 }  // namespace dflash::cuda

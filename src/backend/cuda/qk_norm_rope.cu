@@ -65,31 +65,15 @@ __global__ void qk_norm_rope_store_kernel(__nv_bfloat16* q, int64_t ldq, int hq,
 // and the rotation's pairs j, j + D/2 sit in one lane (D % 64 == 0): the same numbers as
 // qk_norm_rope_store_kernel, with the launch's block count divided by eight.
 constexpr int kRowWarps = 8;
+
+// One head of one row by one warp (lane l holds elements l + 32·w): out ← rope(rms_norm(in; nw))
+// at position p. in may be out (q is rotated in place): every lane reads its elements first.
 template <int D>
-__global__ void __launch_bounds__(kRowWarps * 32)
-    qk_norm_rope_store_warps_kernel(__nv_bfloat16* q, int64_t ldq, int hq, const __nv_bfloat16* k, int64_t ldk,
-                                    const __nv_bfloat16* v, int64_t ldv, int hkv, const float* q_norm,
-                                    const float* k_norm, float eps, int64_t rows, const int32_t* positions,
-                                    int64_t pos0, const float* cos, const float* sin, __nv_bfloat16* k_dst,
-                                    int64_t ldkd, __nv_bfloat16* v_dst, int64_t ldvd) {
+__device__ __forceinline__ void norm_rope_head_warp(const __nv_bfloat16* in, __nv_bfloat16* out, const float* nw,
+                                                    float eps, int64_t p, const float* cos, const float* sin,
+                                                    int lane) {
   static_assert(D % 64 == 0 && D <= 256, "rotation pairs in one lane; the block kernel's one element a thread");
   constexpr int W = D / 32, HALF = D / 2;
-  grid_dependency_begin();
-  const int heads = hq + 2 * hkv, lane = threadIdx.x % 32;
-  const int64_t unit = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
-  if (unit >= rows * heads) return;
-  const int64_t r = unit / heads;
-  const int h = static_cast<int>(unit % heads);
-  if (h >= hq + hkv) {
-    const int hv = h - hq - hkv;
-#pragma unroll
-    for (int w = 0; w < W; ++w) v_dst[r * ldvd + int64_t(hv) * D + lane + 32 * w] = v[r * ldv + int64_t(hv) * D + lane + 32 * w];
-    return;
-  }
-  const bool is_q = h < hq;
-  const __nv_bfloat16* in = is_q ? q + r * ldq + int64_t(h) * D : k + r * ldk + int64_t(h - hq) * D;
-  __nv_bfloat16* out = is_q ? q + r * ldq + int64_t(h) * D : k_dst + r * ldkd + int64_t(h - hq) * D;
-  const float* nw = is_q ? q_norm : k_norm;
   float x[W];
   float total = 0.f;
 #pragma unroll
@@ -101,8 +85,6 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   float normed[W];
 #pragma unroll
   for (int w = 0; w < W; ++w) normed[w] = __bfloat162float(__float2bfloat16_rn(nw[lane + 32 * w] * (x[w] * inv)));
-  const int64_t p = positions ? positions[r] : pos0 + r;
-  // Every lane has read its elements above; q is rotated in place.
 #pragma unroll
   for (int w = 0; w < W / 2; ++w) {
     const int j = lane + 32 * w;
@@ -111,6 +93,65 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     out[j] = __float2bfloat16_rn(a * c - b * s);
     out[j + HALF] = __float2bfloat16_rn(b * c + a * s);
   }
+}
+
+template <int D>
+__device__ __forceinline__ void copy_head_warp(const __nv_bfloat16* in, __nv_bfloat16* out, int lane) {
+#pragma unroll
+  for (int w = 0; w < D / 32; ++w) out[lane + 32 * w] = in[lane + 32 * w];
+}
+
+template <int D>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    qk_norm_rope_store_warps_kernel(__nv_bfloat16* q, int64_t ldq, int hq, const __nv_bfloat16* k, int64_t ldk,
+                                    const __nv_bfloat16* v, int64_t ldv, int hkv, const float* q_norm,
+                                    const float* k_norm, float eps, int64_t rows, const int32_t* positions,
+                                    int64_t pos0, const float* cos, const float* sin, __nv_bfloat16* k_dst,
+                                    int64_t ldkd, __nv_bfloat16* v_dst, int64_t ldvd) {
+  grid_dependency_begin();
+  const int heads = hq + 2 * hkv, lane = threadIdx.x % 32;
+  const int64_t unit = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (unit >= rows * heads) return;
+  const int64_t r = unit / heads;
+  const int h = static_cast<int>(unit % heads);
+  if (h >= hq + hkv) {
+    const int hv = h - hq - hkv;
+    copy_head_warp<D>(v + r * ldv + int64_t(hv) * D, v_dst + r * ldvd + int64_t(hv) * D, lane);
+    return;
+  }
+  const bool is_q = h < hq;
+  const __nv_bfloat16* in = is_q ? q + r * ldq + int64_t(h) * D : k + r * ldk + int64_t(h - hq) * D;
+  __nv_bfloat16* out = is_q ? q + r * ldq + int64_t(h) * D : k_dst + r * ldkd + int64_t(h - hq) * D;
+  norm_rope_head_warp<D>(in, out, is_q ? q_norm : k_norm, eps, positions ? positions[r] : pos0 + r, cos, sin, lane);
+}
+
+// kv_norm_rope_store: the warps kernel without q for up to kMaxKvLayers layers at once, layer
+// blockIdx.y; the same function of each head, so the same numbers as a launch a layer.
+struct KvLayersArgs {
+  KvLayerRows layer[kMaxKvLayers];
+};
+
+template <int D>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    kv_norm_rope_store_kernel(const KvLayersArgs a, int hkv, float eps, int64_t rows, const int32_t* positions,
+                              int64_t pos0, const float* cos, const float* sin) {
+  grid_dependency_begin();
+  const KvLayerRows& L = a.layer[blockIdx.y];
+  const int lane = threadIdx.x % 32;
+  const int64_t unit = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (unit >= rows * 2 * hkv) return;
+  const int64_t r = unit / (2 * hkv);
+  const int h = static_cast<int>(unit % (2 * hkv));
+  const auto* k = static_cast<const __nv_bfloat16*>(L.k);
+  const auto* v = static_cast<const __nv_bfloat16*>(L.v);
+  auto* k_dst = static_cast<__nv_bfloat16*>(L.k_dst);
+  auto* v_dst = static_cast<__nv_bfloat16*>(L.v_dst);
+  if (h >= hkv) {
+    copy_head_warp<D>(v + r * L.ldv + int64_t(h - hkv) * D, v_dst + r * L.ldvd + int64_t(h - hkv) * D, lane);
+    return;
+  }
+  norm_rope_head_warp<D>(k + r * L.ldk + int64_t(h) * D, k_dst + r * L.ldkd + int64_t(h) * D, L.k_norm, eps,
+                         positions ? positions[r] : pos0 + r, cos, sin, lane);
 }
 
 }  // namespace
@@ -150,6 +191,29 @@ void qk_norm_rope_store(void* q, int64_t ldq, int64_t hq, const void* k, int64_t
       static_cast<const __nv_bfloat16*>(v), ldv, static_cast<int>(hkv), q_norm, k_norm, eps,
       static_cast<int>(head_dim), positions, pos0, cos, sin, static_cast<__nv_bfloat16*>(k_dst), ldkd,
       static_cast<__nv_bfloat16*>(v_dst), ldvd);
+}
+
+bool kv_norm_rope_store_applies(int64_t layers, int64_t head_dim) {
+  return layers >= 1 && layers <= kMaxKvLayers && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+void kv_norm_rope_store(const KvLayerRows* layers, int64_t n_layers, int64_t hkv, float eps, int64_t rows,
+                        int64_t head_dim, const int32_t* positions, int64_t pos0, const float* cos, const float* sin,
+                        cudaStream_t s) {
+  if (!kv_norm_rope_store_applies(n_layers, head_dim))
+    throw Error("cuda kv_norm_rope_store: " + std::to_string(n_layers) + " layers of head_dim " +
+                std::to_string(head_dim));
+  if (rows * hkv == 0) return;
+  KvLayersArgs a{};
+  for (int64_t l = 0; l < n_layers; ++l) a.layer[l] = layers[l];
+  const dim3 grid(blocks_for(rows * 2 * hkv, kRowWarps), static_cast<unsigned>(n_layers));
+  auto launch = [&](auto kernel) {
+    launch_kernel("qk_norm_rope_store", kernel, grid, kRowWarps * 32, 0, s, a, static_cast<int>(hkv), eps, rows,
+                  positions, pos0, cos, sin);
+  };
+  if (head_dim == 64) launch(kv_norm_rope_store_kernel<64>);
+  else if (head_dim == 128) launch(kv_norm_rope_store_kernel<128>);
+  else launch(kv_norm_rope_store_kernel<256>);
 }
 
 }  // namespace dflash::cuda
