@@ -801,6 +801,31 @@ TEST(CudaQueue, MarksTimeTheWorkBetweenThem) {
   EXPECT_THROW(backend->seconds_between(*cpu->mark(), *end), Error);
 }
 
+// Backend::read_ids: a kernel writes the ids into pinned host slots. Each read must bring the
+// ids as they are once the work queued before it ran (here a 1 GiB copy queued first, so the
+// host would see an earlier read's ids, or none, if it read the slot too soon), through every
+// slot reused many times and two reads held at once, as the queued decoding loop holds them.
+TEST(CudaQueue, ReadIdsBringWhatTheDeviceHolds) {
+  REQUIRE_GPU(backend);
+  Tensor src = backend->alloc(int64_t(1) << 15, int64_t(1) << 13, DType::F32);  // 1 GiB
+  Tensor dst = backend->alloc(int64_t(1) << 15, int64_t(1) << 13, DType::F32);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 40; ++i) {
+    const int n = 1 + int(rng() % 256);
+    std::vector<int32_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+    for (auto& v : a) v = int32_t(rng());
+    for (auto& v : b) v = int32_t(rng());
+    Tensor ta = backend->alloc(n, 1, DType::I32), tb = backend->alloc(n, 1, DType::I32);
+    if (i % 8 == 0) backend->copy(src, dst);
+    backend->write_ids(a, ta);
+    auto ra = backend->read_ids(ta);
+    backend->write_ids(b, tb);
+    auto rb = backend->read_ids(tb);
+    ASSERT_EQ(rb->get(), b) << "read " << i;
+    ASSERT_EQ(ra->get(), a) << "read " << i;
+  }
+}
+
 // The shipped, trained pair (models/, when present): real acceptance, real rollbacks.
 TEST(CudaSpeculative, GreedyEqualsPlainOnShippedPair) {
   REQUIRE_GPU(backend);
