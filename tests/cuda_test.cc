@@ -801,10 +801,10 @@ TEST(CudaQueue, MarksTimeTheWorkBetweenThem) {
   EXPECT_THROW(backend->seconds_between(*cpu->mark(), *end), Error);
 }
 
-// Backend::read_ids: a kernel writes the ids into pinned host slots. Each read must bring the
-// ids as they are once the work queued before it ran (here a 1 GiB copy queued first, so the
-// host would see an earlier read's ids, or none, if it read the slot too soon), through every
-// slot reused many times and two reads held at once, as the queued decoding loop holds them.
+// Backend::read_ids into pinned host slots. Each read must bring the ids as they are once the
+// work queued before it ran (here a 1 GiB copy queued first, so the host would see an earlier
+// read's ids, or none, if it read the slot too soon), through every slot reused many times and
+// two reads held at once, as the queued decoding loop holds them.
 TEST(CudaQueue, ReadIdsBringWhatTheDeviceHolds) {
   REQUIRE_GPU(backend);
   Tensor src = backend->alloc(int64_t(1) << 15, int64_t(1) << 13, DType::F32);  // 1 GiB

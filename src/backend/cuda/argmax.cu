@@ -97,18 +97,7 @@ int slices_for(int64_t cols) {
   return static_cast<int>(std::clamp<int64_t>((cols + kSliceTarget - 1) / kSliceTarget, 1, kMaxSlices));
 }
 
-__global__ void copy_ids_kernel(const int32_t* __restrict__ src, int32_t* __restrict__ dst, int n) {
-  grid_dependency_begin();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-
 }  // namespace
-
-void copy_ids(const int32_t* src, int32_t* dst, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  if (n > 1024) throw Error("cuda copy_ids: " + std::to_string(n) + " ids (at most 1024)");
-  launch_kernel("read_ids", copy_ids_kernel, 1, 32 * static_cast<int>((n + 31) / 32), 0, s, src, dst, static_cast<int>(n));
-}
 
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols) {
   return size_t(rows) * slices_for(cols) * (sizeof(float) + sizeof(int));

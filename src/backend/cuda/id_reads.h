@@ -1,8 +1,7 @@
 #pragma once
-// Backend::read_ids on the CUDA stream: pinned slots of kSlotIds ids that a kernel writes, each
-// with the event of that write, held while the PendingIds that reads it lives. A few suffice:
-// plain decoding holds two reads at a time (the step it waits for and the one queued ahead),
-// the speculative loop one.
+// Backend::read_ids on the CUDA stream: pinned slots of kSlotIds ids, each with the event of its
+// copy, held while the PendingIds that reads it lives. A few suffice: plain decoding holds two
+// reads at a time (the step it waits for and the one queued ahead), the speculative loop one.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -28,9 +27,7 @@ class IdReads {
  private:
   class Pending;
   cudaStream_t stream_;
-  int32_t* host_ = nullptr;  // pinned and mapped, kSlots × kSlotIds
-  int32_t* host_on_device_ = nullptr;  // host_ as the device addresses it
-  bool by_copy_ = false;
+  int32_t* host_ = nullptr;  // pinned, kSlots × kSlotIds
   cudaEvent_t events_[kSlots] = {};
   bool in_use_[kSlots] = {};
 };

@@ -151,9 +151,6 @@ void apply_penalties(float* x, int64_t ldx, int64_t rows, const PenaltyEntry* ev
 // out[r] = the first index of the largest value of f32 row r (NaNs ignored; 0 for a row of
 // only -inf / NaN). Needs `scratch` of argmax_scratch_bytes() for the per-slice partial results.
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
-// dst[i] = src[i] for n ≤ 1024 ids, by one small kernel; dst may be pinned host memory mapped
-// into the device (IdReads), where a device-to-host copy would cost a copy node on the stream.
-void copy_ids(const int32_t* src, int32_t* dst, int64_t n, cudaStream_t s);
 void argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, void* scratch,
                  cudaStream_t s);
 // Backend::qk_norm_rope_store on bf16 q [rows, hq·D] (in place; hq may be 0), k and v
