@@ -478,8 +478,9 @@ class CudaBackend final : public Backend {
       return !(e && std::string(e) == "0");
     }();
     const int64_t T = layers.empty() ? 0 : layers[0].k.rows;
-    bool fused = enabled && cuda::kv_norm_rope_store_applies(int64_t(layers.size()), head_dim) && table.head_dim() == head_dim &&
-                 static_cast<int64_t>(positions.size()) == T && layers[0].k.cols % head_dim == 0;
+    bool fused = enabled && cuda::kv_norm_rope_store_applies(int64_t(layers.size()), head_dim) &&
+                 table.head_dim() == head_dim && static_cast<int64_t>(positions.size()) == T &&
+                 layers[0].k.cols % head_dim == 0;
     for (const KvRows& l : layers) {
       fused = fused && on_device(l.k, DType::BF16) && on_device(l.v, DType::BF16) && on_device(l.k_dst, DType::BF16) &&
               on_device(l.v_dst, DType::BF16) && on_device(l.k_norm, DType::F32) && l.k_norm.numel() == head_dim &&
