@@ -642,6 +642,11 @@ struct MmaSettings {
   int2 rotate{0, 1};  // DFLASH_SKINNY_ROTATE="mult[:group]" (rotation_chunks), measuring only
   bool cross_tile = true;  // DFLASH_SKINNY_CROSS_TILE=0: the next tile's first batch after the walk's barrier
   int prewait_persistent = 2;  // DFLASH_SKINNY_PREWAIT_PERSISTENT=1: the rule gives persistent products one
+  // DFLASH_DIAG_SKINNY_LDX=n (measuring only, wrong output): products of more than one row read
+  // x with row stride n elements. 0 puts every row on row 0 (x's L2 bytes and L1 lines those of
+  // one row); 64 keeps a load's eight 128-byte lines but lays the rows over each other (x's L2
+  // bytes about one row's). What x's traffic costs a verification.
+  int64_t diag_ldx = -1;
 };
 
 const MmaSettings& mma_settings() {
@@ -679,6 +684,7 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_CROSS_TILE"); e && std::string(e) == "0") m.cross_tile = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT_PERSISTENT"); e && std::string(e) == "1") m.prewait_persistent = 1;
+    if (const char* e = std::getenv("DFLASH_DIAG_SKINNY_LDX"); e && *e && std::atoll(e) >= 0) m.diag_ldx = std::atoll(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_ROTATE")) {
       int mult = 0, group = 1;
       if (std::sscanf(e, "%d:%d", &mult, &group) >= 1 && mult >= 0 && group >= 1) m.rotate = make_int2(mult, group);
@@ -805,6 +811,7 @@ template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, 
 void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
                 int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
   const MmaSettings& ms = mma_settings();
+  if (ms.diag_ldx >= 0 && M > 1 && M <= 16 && ms.diag_ldx <= ldx) ldx = ms.diag_ldx;
   const bool prewait = w_uploaded && ms.prewait != 0;
   const int64_t tiles = mma_blocks(N, NT, S, PAIR);
   int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0;
