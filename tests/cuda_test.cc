@@ -527,6 +527,27 @@ TEST(CudaSkinny, TargetShapedBlocksEqualRowsAlone) {
   }
 }
 
+// A residual product whose columns make an odd number of 8-warp blocks (6176 = 386 groups of 16
+// columns, K in 4 slices: 193 blocks), so that a block of two rows or more, run as 16-warp blocks
+// each doing two 8-warp blocks' work (wide_blocks in skinny_matmul.cu), ends in a half with no
+// columns, which must write no partial: the emitted partial sums, and so the consumer's 1/rms,
+// must be those of rows alone, bit for bit.
+TEST(CudaSkinny, OddBlockCountEmittingProductEqualsRowsAlone) {
+  REQUIRE_GPU(backend);
+  Backend& b = *backend;
+  RandomTensors tensor{b, 14};
+  const int64_t H = 6176, K = 1024, Q = 1024, M = 16;
+  const Tensor w = tensor(H, K, 0.02f, DType::BF16), wq = tensor(Q, H, 0.02f, DType::BF16);
+  const Tensor nw = tensor(1, H, 1.f, DType::F32), a = tensor(M, K, 1.f, DType::BF16);
+  const Tensor x0 = tensor(M, H, 1.f, DType::F32);
+  const auto [xs, ys] = residual_then_normed(b, a, w, x0, nw, wq, 0, M);
+  for (int64_t m = 0; m < M; ++m) {
+    const auto [x1, y1] = residual_then_normed(b, a, w, x0, nw, wq, m, 1);
+    EXPECT_EQ(std::memcmp(x1.data(), xs.data() + m * H, H * sizeof(float)), 0) << "residual + norm, row " << m;
+    EXPECT_EQ(std::memcmp(y1.data(), ys.data() + m * Q, Q * sizeof(float)), 0) << "the normed product, row " << m;
+  }
+}
+
 // Uploaded weights (checkpoint tensors, whose first batches a product may load before its grid
 // dependency wait: two batches for q/k/v- and down-shaped weights up to 16 rows, one in a block of
 // more, prewait_batches in skinny_matmul.cu): a row alone equals the same row in a block of 16 and
