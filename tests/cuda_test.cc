@@ -528,10 +528,12 @@ TEST(CudaSkinny, TargetShapedBlocksEqualRowsAlone) {
 }
 
 // A residual product whose columns make an odd number of 8-warp blocks (6176 = 386 groups of 16
-// columns, K in 4 slices: 193 blocks), so that a block of two rows or more, run as 16-warp blocks
-// each doing two 8-warp blocks' work (wide_blocks in skinny_matmul.cu), ends in a half with no
-// columns, which must write no partial: the emitted partial sums, and so the consumer's 1/rms,
-// must be those of rows alone, bit for bit.
+// columns, K in 4 slices: 193 blocks), then a product consuming the norm it emits: every row of a
+// 16-row block equals the row alone, bit for bit, the emitted partial sums (one per row and
+// block) included. Written for the 16-warp blocks of 2026-12-04 (each doing two 8-warp blocks'
+// work, so the last one here ended in a half with no columns that must write no partial;
+// measured slower and removed, docs/benchmarks.md "forty-first pass"); it holds for any tiling
+// that keeps each output's sums and the partials' grouping.
 TEST(CudaSkinny, OddBlockCountEmittingProductEqualsRowsAlone) {
   REQUIRE_GPU(backend);
   Backend& b = *backend;
