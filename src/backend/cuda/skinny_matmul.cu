@@ -30,6 +30,11 @@
 namespace dflash::cuda {
 namespace {
 
+// Two 8-warp blocks an SM. 16-warp blocks at 2-16 rows, each computing two 8-warp blocks'
+// tiles (the same sums, so that twice the rows of w share a block's reads of x), made a step
+// 1.2 % longer on an H200, all of it at o and down (level at q/k/v, +0.4 % at gate/up and the LM
+// head): at 128 registers such a block needs a whole SM's register file, so it cannot become
+// resident beside the tail of the kernel before it (docs/benchmarks.md, forty-first pass).
 constexpr int kWarps = 8;
 
 // ---------------------------------------------------------------------------------------------
@@ -54,9 +59,7 @@ constexpr int kWarps = 8;
 //
 // The S warps of a block that share the same rows of w split K into S slices; their partial
 // sums meet in shared memory and are added in slice order 0, 1, …, S−1. S (1, 2, 4 or 8) and NT
-// come from N and K only, so a given weight matrix is always reduced the same way. A block is
-// kWarps warps, or W = 2·kWarps where wide_blocks says: then G doubles, the block computing the
-// tiles of two 8-warp blocks with the same slices (and the same bits).
+// come from N and K only, so a given weight matrix is always reduced the same way.
 constexpr int kTargetWarps = 2048;   // ≈ 132 SMs × 16 warps: enough loads in flight for HBM3e
 constexpr int kMinSliceChunks = 8;   // a K slice of at least 256 elements per warp
 
@@ -70,11 +73,11 @@ enum Epilogue : int {
 // Each row's 1/rms from the emitting product's partial sums, for both tensor-core kernels: the
 // two half-warps of warp w take rows 2w and 2w + 1 (+ 16, …); lane l of a half adds partials
 // l, l + 16, … in order, then a fixed butterfly over the half. The same numbers for every M.
-template <int MT, int W>
+template <int MT>
 __device__ __forceinline__ void rows_inv_rms(float (&inv_rms)[MT * 16], const SkinnyNorm& norm, int M, int K,
                                              int warp, int lane) {
   const int half = lane / 16, l16 = lane % 16;
-  for (int m = 2 * warp + half; m - half < M; m += 2 * W) {  // both halves run the shuffles
+  for (int m = 2 * warp + half; m - half < M; m += 2 * kWarps) {  // both halves run the shuffles
     float ss = 0.f;
     if (m < M) {
       const float* p = norm.partial_in + int64_t(m) * norm.ld_partial;
@@ -84,28 +87,6 @@ __device__ __forceinline__ void rows_inv_rms(float (&inv_rms)[MT * 16], const Sk
 #pragma unroll
     for (int o = 8; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (l16 == 0 && m < M) inv_rms[m] = rsqrtf(ss / static_cast<float>(K) + norm.eps);
-  }
-}
-
-// The emitting products' Σ y² partials (one per row and 8-warp block of columns, in column
-// order: warp per row, lanes over columns, the fixed butterfly). A block of W = 16 warps covers
-// the columns of two 8-warp blocks and writes both their partials, each over its own half, so
-// the consumers see the same partials, in the same number, as from 8-warp blocks: the same
-// bits whatever the block width (a half wholly past the last column is a block the 8-warp grid
-// does not have).
-template <int W>
-__device__ __forceinline__ void emit_row_partials(const float* sq, int ld_sq, const SkinnyNorm& norm, int M,
-                                                  int block_cols, int64_t tile, int64_t block_n0, int64_t NO,
-                                                  int warp, int lane) {
-  constexpr int kHalves = W / kWarps;
-  const int half_cols = block_cols / kHalves;
-  for (int i = warp; i < M * kHalves; i += W) {
-    const int m = i / kHalves, h = i % kHalves;
-    if (block_n0 + int64_t(h) * half_cols >= NO) continue;  // warp-uniform
-    float ss = 0.f;
-    for (int col = lane; col < half_cols; col += 32) ss += sq[int64_t(m) * ld_sq + h * half_cols + col];
-    ss = warp_sum(ss);
-    if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + tile * kHalves + h] = ss;
   }
 }
 
@@ -168,9 +149,8 @@ __device__ __forceinline__ void load_next_batch(const LoadNext& load_next, bool&
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1,
-          int W = kWarps>
-__global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1>
+__global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
                       const SkinnyNorm norm, bool w_uploaded, bool early_y, int2 rotate) {
@@ -180,11 +160,11 @@ __global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
   constexpr int kRows = NT * 8;                // rows of w per warp
   constexpr int kCols = PAIR ? 8 : kRows;      // columns of y per warp
   const int64_t NO = PAIR ? N / 2 : N;         // columns of y
-  __shared__ float part[W][MT * 16][kRows];
+  __shared__ float part[kWarps][MT * 16][kRows];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int G = W / S;  // groups of rows of w per block; warp = slice · G + group
+  const int G = kWarps / S;  // groups of rows of w per block; warp = slice · G + group
   const int group = warp % G, slice = warp / G;
   const int64_t block_n0 = int64_t(blockIdx.x) * G * kCols;
   const int64_t n0 = block_n0 + int64_t(group) * kCols;
@@ -249,7 +229,7 @@ __global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
   // the first weight batch is in flight: after the main loop it made a DFlash step 0.15-0.17 ms
   // slower, H200 2026-11-30).
   __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT, W>(inv_rms, norm, M, K, warp, lane);
+  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
 
   if (active) {  // an idle warp still takes part in the barrier below
     const uint4* xrow[MT][2];
@@ -312,7 +292,7 @@ __global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
   __syncthreads();
 
   // Consecutive threads take consecutive columns of one row of y: coalesced stores.
-  constexpr int kMaxBlockCols = W * kCols;
+  constexpr int kMaxBlockCols = kWarps * kCols;
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
   for (int i = threadIdx.x; i < M * block_cols; i += blockDim.x) {
     const int m = i / block_cols, col = i % block_cols;
@@ -346,14 +326,18 @@ __global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
   // columns, the fixed butterfly): one partial per (row, block), whatever M is.
   if constexpr (EPI == kEpiEmitNorm) {
     __syncthreads();
-    emit_row_partials<W>(&sq[0][0], kMaxBlockCols, norm, M, block_cols, blockIdx.x, block_n0, NO, warp, lane);
+    for (int m = warp; m < M; m += kWarps) {
+      float ss = 0.f;
+      for (int col = lane; col < block_cols; col += 32) ss += sq[m][col];
+      ss = warp_sum(ss);
+      if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + blockIdx.x] = ss;
+    }
   }
   mark.exit();
 }
 
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1,
-          int W = kWarps>
-__global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1>
+__global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                  const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
                                  int M, int N, int K, int S, bool accumulate, const SkinnyNorm norm, bool w_uploaded,
@@ -364,11 +348,11 @@ __global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
   constexpr int kRows = NT * 8;                // rows of w per warp
   constexpr int kCols = PAIR ? 8 : kRows;      // columns of y per warp
   const int64_t NO = PAIR ? N / 2 : N;         // columns of y
-  __shared__ float part[W][MT * 16][kRows];
+  __shared__ float part[kWarps][MT * 16][kRows];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int G = W / S;  // groups of rows of w per tile; warp = slice · G + group
+  const int G = kWarps / S;  // groups of rows of w per tile; warp = slice · G + group
   const int group = warp % G, slice = warp / G;
   const int chunks = K / 32;
   const int c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
@@ -463,9 +447,9 @@ __global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
   // the first weight batch is in flight: after the main loop it made a DFlash step 0.15-0.17 ms
   // slower, H200 2026-11-30).
   __shared__ float inv_rms[MT * 16];
-  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT, W>(inv_rms, norm, M, K, warp, lane);
+  if constexpr (EPI == kEpiScaleInv) rows_inv_rms<MT>(inv_rms, norm, M, K, warp, lane);
 
-  constexpr int kMaxBlockCols = W * kCols;
+  constexpr int kMaxBlockCols = kWarps * kCols;
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
   for (;;) {
     unsigned taken = 0;
@@ -615,7 +599,12 @@ __global__ void __launch_bounds__(W * 32, 2 * kWarps / W)
     // columns, the fixed butterfly): one partial per (row, tile), whatever M is.
     if constexpr (EPI == kEpiEmitNorm) {
       __syncthreads();
-      emit_row_partials<W>(&sq[0][0], kMaxBlockCols, norm, M, block_cols, this_tile, this_n0, NO, warp, lane);
+      for (int m = warp; m < M; m += kWarps) {
+        float ss = 0.f;
+        for (int col = lane; col < block_cols; col += 32) ss += sq[m][col];
+        ss = warp_sum(ss);
+        if (lane == 0) norm.partial_out[int64_t(m) * norm.ld_partial + this_tile] = ss;
+      }
     }
     if (!more) break;
     load_early();
@@ -663,10 +652,9 @@ struct MmaSettings {
   // one row); 64 keeps a load's eight 128-byte lines but lays the rows over each other (x's L2
   // bytes about one row's). What x's traffic costs a verification.
   int64_t diag_ldx = -1;
-  int wide = 0;  // DFLASH_SKINNY_WIDE (wide_blocks), measuring only
-  // DFLASH_SKINNY_WIDE_SHAPES / DFLASH_DIAG_SKINNY_LDX_SHAPES="N:K,…": only those weight shapes
-  // (none listed: every shape).
-  std::set<std::pair<int, int>> wide_shapes, ldx_shapes;
+  // DFLASH_DIAG_SKINNY_LDX_SHAPES="N:K,…": the stride above for those weight shapes only (none
+  // listed: every shape).
+  std::set<std::pair<int, int>> ldx_shapes;
 };
 
 const MmaSettings& mma_settings() {
@@ -704,21 +692,16 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_CROSS_TILE"); e && std::string(e) == "0") m.cross_tile = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT_PERSISTENT"); e && std::string(e) == "1") m.prewait_persistent = 1;
-    if (const char* e = std::getenv("DFLASH_SKINNY_WIDE"); e && (std::string(e) == "0" || std::string(e) == "1" ||
-                                                                 std::string(e) == "2"))
-      m.wide = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_DIAG_SKINNY_LDX"); e && *e && std::atoll(e) >= 0) m.diag_ldx = std::atoll(e);
-    for (auto [name, set] : {std::pair{"DFLASH_SKINNY_WIDE_SHAPES", &m.wide_shapes},
-                             std::pair{"DFLASH_DIAG_SKINNY_LDX_SHAPES", &m.ldx_shapes}})
-      if (const char* e = std::getenv(name)) {
-        std::string list = e;
-        for (size_t start = 0; start < list.size();) {
-          const size_t end = std::min(list.find(',', start), list.size());
-          int n = 0, k = 0;
-          if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d", &n, &k) == 2) set->insert({n, k});
-          start = end + 1;
-        }
+    if (const char* e = std::getenv("DFLASH_DIAG_SKINNY_LDX_SHAPES")) {
+      std::string list = e;
+      for (size_t start = 0; start < list.size();) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        int n = 0, k = 0;
+        if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d", &n, &k) == 2) m.ldx_shapes.insert({n, k});
+        start = end + 1;
       }
+    }
     if (const char* e = std::getenv("DFLASH_SKINNY_ROTATE")) {
       int mult = 0, group = 1;
       if (std::sscanf(e, "%d:%d", &mult, &group) >= 1 && mult >= 0 && group >= 1) m.rotate = make_int2(mult, group);
@@ -770,14 +753,13 @@ unsigned* sched_counter(cudaStream_t s) {
   return base + it->second;
 }
 
-template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int W>
+template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED>
 int64_t persistent_slots() {
-  // Blocks of the persistent kernel resident at once (two 8-warp blocks or one 16-warp block per
-  // SM by its launch bounds).
+  // Blocks of the persistent kernel resident at once (two per SM by its launch bounds).
   static const int64_t slots = [] {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, 1, W>, W * 32, 0) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>,
+                                                      kWarps * 32, 0) != cudaSuccess) {
       (void)cudaGetLastError();
       per_sm = 0;
     }
@@ -820,8 +802,7 @@ int prewait_batches(const MmaSettings& ms, int N, int K, int S, int NT, bool per
 }
 
 // `slots` > 0: the persistent kernel with that many blocks (more tiles than resident slots).
-// W warps a block (wide_blocks).
-template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int PRE, int W>
+template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int PRE>
 void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N,
                         int K, int S, bool accumulate, bool prewait, const SkinnyNorm& norm, int64_t tiles,
                         int64_t slots, cudaStream_t s) {
@@ -830,50 +811,17 @@ void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, 
   const auto* wp = static_cast<const __nv_bfloat16*>(w);
   if (slots > 0) {
     unsigned* sched = ms.persist == 2 ? sched_counter(s) : nullptr;
-    constexpr auto kernel = skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE, W>;
+    constexpr auto kernel = skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
     if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
-    launch_kernel("matmul (skinny)", kernel, unsigned(slots), W * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y),
+    launch_kernel("matmul (skinny)", kernel, unsigned(slots), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y),
                   ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, static_cast<int>(tiles), sched, ms.rotate,
                   ms.cross_tile);
     return;
   }
-  constexpr auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE, W>;
+  constexpr auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
   if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
-  launch_kernel("matmul (skinny)", kernel, unsigned(tiles), W * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy,
+  launch_kernel("matmul (skinny)", kernel, unsigned(tiles), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy,
                 M, N, K, S, accumulate, norm, prewait, ms.early_y, ms.rotate);
-}
-
-// W warps a block: kWarps, or 16 where wide_blocks says (the tiles of two 8-warp blocks each).
-template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int W>
-void launch_mma_width(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N, int K,
-                      int S, bool accumulate, bool w_uploaded, const SkinnyNorm& norm, cudaStream_t s) {
-  const MmaSettings& ms = mma_settings();
-  const bool prewait = w_uploaded && ms.prewait != 0;
-  constexpr int kHalves = W / kWarps;
-  const int64_t tiles = (mma_blocks(N, NT, S, PAIR) + kHalves - 1) / kHalves;
-  int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED, W>() : 0;
-  if (tiles <= slots) slots = 0;  // a block a tile
-  if constexpr (MT == 1) {
-    if (prewait && prewait_batches(ms, N, K, S, NT, slots > 0) == 2) {
-      launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2, W>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait,
-                                                              norm, tiles, slots, s);
-      return;
-    }
-  }
-  launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 1, W>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm,
-                                                          tiles, slots, s);
-}
-
-// Whether a product of M rows (one m16 tile) runs as 16-warp blocks, one an SM, each computing
-// what two 8-warp blocks do (DFLASH_SKINNY_WIDE: 0 never, the default, 1 from two rows on, 2
-// single rows too; measuring: all shapes at 1 made a step 1.2 % longer, forty-first pass). The same K slices, chunks, sums and emitted partials, so the same bits; what
-// changes is that twice the rows of w share each block's reads of x. At 16 rows x is as many
-// bytes as 16 rows of w, and a block holds 16 (o, down) or 32 (q/k/v, gate/up) rows of w, so
-// x's reads from L2 were 50-100 % of the weight bytes of a verification's products; laying
-// x's rows over each other (DFLASH_DIAG_SKINNY_LDX, fortieth pass) made a step 2-2.7 % shorter.
-bool wide_blocks(const MmaSettings& ms, int M, int N, int K) {
-  if (!ms.wide_shapes.empty() && !ms.wide_shapes.count({N, K})) return false;
-  return ms.wide == 2 || (ms.wide == 1 && M > 1);
 }
 
 template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false>
@@ -883,15 +831,19 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   if (ms.diag_ldx >= 0 && M > 1 && M <= 16 && ms.diag_ldx <= ldx &&
       (ms.ldx_shapes.empty() || ms.ldx_shapes.count({N, K})))
     ldx = ms.diag_ldx;
+  const bool prewait = w_uploaded && ms.prewait != 0;
+  const int64_t tiles = mma_blocks(N, NT, S, PAIR);
+  int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0;
+  if (tiles <= slots) slots = 0;  // a block a tile
   if constexpr (MT == 1) {
-    if (wide_blocks(ms, M, N, K)) {
-      launch_mma_width<MT, NT, Out, EPI, PAIR, TILED, 2 * kWarps>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate,
-                                                                  w_uploaded, norm, s);
+    if (prewait && prewait_batches(ms, N, K, S, NT, slots > 0) == 2) {
+      launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm,
+                                                           tiles, slots, s);
       return;
     }
   }
-  launch_mma_width<MT, NT, Out, EPI, PAIR, TILED, kWarps>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, w_uploaded,
-                                                          norm, s);
+  launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 1>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm,
+                                                       tiles, slots, s);
 }
 
 // The tensor-core kernel's tiling for a weight: n8 tiles per warp and K slices per block, from N
