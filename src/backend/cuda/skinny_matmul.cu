@@ -657,6 +657,19 @@ struct MmaSettings {
   std::set<std::pair<int, int>> ldx_shapes;
 };
 
+// "N:K,…" (an environment list of weight shapes; a malformed item is ignored, none gives none).
+std::set<std::pair<int, int>> weight_shapes(const char* e) {
+  std::set<std::pair<int, int>> shapes;
+  const std::string list = e ? e : "";
+  for (size_t start = 0; start < list.size();) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    int n = 0, k = 0;
+    if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d", &n, &k) == 2) shapes.insert({n, k});
+    start = end + 1;
+  }
+  return shapes;
+}
+
 const MmaSettings& mma_settings() {
   static const MmaSettings settings = [] {
     MmaSettings m;
@@ -679,29 +692,13 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT"); e && (std::string(e) == "0" || std::string(e) == "1" ||
                                                                     std::string(e) == "2"))
       m.prewait = std::atoi(e);
-    if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT2_SHAPES")) {
-      std::string list = e;
-      for (size_t start = 0; start < list.size();) {
-        const size_t end = std::min(list.find(',', start), list.size());
-        int n = 0, k = 0;
-        if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d", &n, &k) == 2) m.prewait2_shapes.insert({n, k});
-        start = end + 1;
-      }
-    }
+    m.prewait2_shapes = weight_shapes(std::getenv("DFLASH_SKINNY_PREWAIT2_SHAPES"));
     if (const char* e = std::getenv("DFLASH_SKINNY_EARLY_Y"); e && std::string(e) == "0") m.early_y = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_CROSS_TILE"); e && std::string(e) == "0") m.cross_tile = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT_PERSISTENT"); e && std::string(e) == "1") m.prewait_persistent = 1;
     if (const char* e = std::getenv("DFLASH_DIAG_SKINNY_LDX"); e && *e && std::atoll(e) >= 0) m.diag_ldx = std::atoll(e);
-    if (const char* e = std::getenv("DFLASH_DIAG_SKINNY_LDX_SHAPES")) {
-      std::string list = e;
-      for (size_t start = 0; start < list.size();) {
-        const size_t end = std::min(list.find(',', start), list.size());
-        int n = 0, k = 0;
-        if (std::sscanf(list.substr(start, end - start).c_str(), "%d:%d", &n, &k) == 2) m.ldx_shapes.insert({n, k});
-        start = end + 1;
-      }
-    }
+    m.ldx_shapes = weight_shapes(std::getenv("DFLASH_DIAG_SKINNY_LDX_SHAPES"));
     if (const char* e = std::getenv("DFLASH_SKINNY_ROTATE")) {
       int mult = 0, group = 1;
       if (std::sscanf(e, "%d:%d", &mult, &group) >= 1 && mult >= 0 && group >= 1) m.rotate = make_int2(mult, group);
