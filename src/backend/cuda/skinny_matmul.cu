@@ -33,8 +33,9 @@ namespace {
 // Two 8-warp blocks an SM. 16-warp blocks at 2-16 rows, each computing two 8-warp blocks'
 // tiles (the same sums, so that twice the rows of w share a block's reads of x), made a step
 // 1.2 % longer on an H200, all of it at o and down (level at q/k/v, +0.4 % at gate/up and the LM
-// head): at 128 registers such a block needs a whole SM's register file, so it cannot become
-// resident beside the tail of the kernel before it (docs/benchmarks.md, forty-first pass).
+// head). The likely reason (not measured apart): at 128 registers such a block needs a whole
+// SM's register file, so it cannot become resident beside the tail of the kernel before it
+// (docs/benchmarks.md, forty-first pass).
 constexpr int kWarps = 8;
 
 // ---------------------------------------------------------------------------------------------
