@@ -295,7 +295,7 @@ if has ab; then
         smi_mark "start ${setting:-default}"
         env "${env_words[@]}" timeout 120 "$bin" bench --device cuda --model $Q8B --draft $Q8B-dflash \
           --prompt-ids "$ab_prompt" -n 64 --ignore-eos --no-adaptive --bandwidth "${arg_words[@]}" 2>&1 \
-          | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs|^prefill|^graph probe:"
+          | grep -E "^ALL|^DFlash step|^plain decode|^time|^verifications|^CUDA graphs|^prefill|^graph probe"
         smi_mark "end ${setting:-default}"
       done
     done
