@@ -292,9 +292,7 @@ __host__ __device__ constexpr size_t split_mma_smem_bytes(int D8, int nq) {
 // zeros and the V rows past the loaded keys are zeroed, so a row's partials depend only on its
 // query, its visible count and the keys. Of W warps, warp w computes the scores of keys
 // (64/W)·w … (64/W)·(w + 1) − 1 and the output columns 8(w + W·i) … of every m16 tile.
-// G > 1 (a block of G·W warps): group γ of W warps does that for m16 tiles γ, γ + G, …, so the
-// G tiles share one staging of the chunk; every warp still forms the same numbers.
-template <int W, int G = 1>
+template <int W>
 __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned char* smem, int c, int kvh, int64_t t0,
                                                 int rows, int hg, int h_base, int64_t c0, int n_load) {
   const int D = a.D, Dp = split_row_stride(a.D8);
@@ -335,11 +333,10 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   cp_async_wait<1>();
   __syncthreads();
 
-  const int warp = G == 1 ? threadIdx.x / 32 : threadIdx.x / 32 % W, group = G == 1 ? 0 : threadIdx.x / 32 / W;
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   constexpr int kKeys = kChunk / W, kTiles = kKeys / 8;
   static_assert(kKeys % 8 == 0, "split_chunk_mma: whole n8 tiles of keys per warp");
-  for (int mt = group; mt < (a.diag & 4 ? 0 : mtiles); mt += G) {
+  for (int mt = 0; mt < (a.diag & 4 ? 0 : mtiles); ++mt) {
     float acc[kTiles][4] = {};
     for (int k0 = 0; k0 < D; k0 += 16) {
       const __nv_bfloat16* qa = Qs + (mt * 16 + g) * Dp + k0 + 2 * t;
@@ -371,7 +368,7 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
   const int dtiles = D / 8;
   constexpr int kMaxTilesPerWarp = kMaxHeadDim / 8 / W;
   static_assert(kMaxTilesPerWarp % 2 == 0, "V fragments are loaded for two tiles at a time");
-  for (int mt = group; mt < mtiles; mt += G) {
+  for (int mt = 0; mt < mtiles; ++mt) {
     float acc[kMaxTilesPerWarp][4];
 #pragma unroll
     for (int i = 0; i < kMaxTilesPerWarp; ++i)
@@ -438,8 +435,8 @@ __device__ __forceinline__ void split_chunk_mma(const SplitArgs& a, unsigned cha
 enum SplitCarveout : int { kCarveoutDriver = 0, kCarveoutDecode = 1, kCarveoutBlock = 2 };
 
 // One block per (chunk, KV head, tile of rows × heads of the group); see the file comment.
-template <int W, int CARVEOUT = kCarveoutDriver, int G = 1>
-__global__ void __launch_bounds__(W * G * 32) split_kernel(const SplitArgs a) {
+template <int W, int CARVEOUT = kCarveoutDriver>
+__global__ void __launch_bounds__(W * 32) split_kernel(const SplitArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int c = blockIdx.x, kvh = blockIdx.y;
   const int row_tile = blockIdx.z / a.head_tiles, head_tile = blockIdx.z % a.head_tiles;
@@ -454,8 +451,8 @@ __global__ void __launch_bounds__(W * G * 32) split_kernel(const SplitArgs a) {
   const int n_load = keys_in_chunk(visible_keys(t0 + rows - 1, a.kv_len, a.q_pos0, a.causal), c0);
   const TimelineMark mark = grid_dependency_begin();
   if (n_load > 0) {
-    if (a.mma) split_chunk_mma<W, G>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
-    else if constexpr (G == 1) split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    if (a.mma) split_chunk_mma<W>(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
+    else split_chunk(a, smem, c, kvh, t0, rows, hg, h_base, c0, n_load);
   }
   mark.exit();
 }
@@ -660,19 +657,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
         const char* e = std::getenv("DFLASH_ATTN_TILE_QUERIES");  // measuring only
         return e && std::atoi(e) > 0 ? std::atoi(e) : kSplitTileQueries;
       }();
-      // Measuring only: DFLASH_ATTN_GROUPS=4 gives blocks of rows (tensor cores, 8 warps) four
-      // 8-warp groups, each doing a 16-query tile's work, on one staging of the chunk's K/V.
-      static const int groups = [] {
-        const char* e = std::getenv("DFLASH_ATTN_GROUPS");
-        return e && std::atoi(e) == 4 ? 4 : 1;
-      }();
-      static const int warps_env = [] {
-        const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
-        const int w = e ? std::atoi(e) : 0;
-        return w == 4 ? w : kSplitWarps;
-      }();
-      const int G = groups == 4 && T > 1 && a.mma && warps_env == 8 ? 4 : 1;
-      int64_t rows = std::min<int64_t>(max_rows, std::max(1, G * tile_queries / a.heads_per_block));
+      int64_t rows = std::min<int64_t>(max_rows, std::max(1, tile_queries / a.heads_per_block));
       const int64_t per_row_tile = nc * hkv * a.head_tiles;
       while (rows < max_rows && per_row_tile * ((T + rows - 1) / rows) > kSplitManyBlocks)
         rows = std::min(max_rows, rows * 2);
@@ -681,16 +666,18 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       const int nq = a.rows_per_block * a.heads_per_block;
       const size_t smem = a.mma ? split_mma_smem_bytes(a.D8, nq) : split_smem_bytes(a.D8, (nq + 3) / 4 * 4);
       // Above 48 KiB a kernel must opt in; the largest tile (D = 256) fits any sm_90 part.
-      const int warps = warps_env;
+      static const int warps = [] {
+        const char* e = std::getenv("DFLASH_ATTN_WARPS");  // measuring only
+        const int w = e ? std::atoi(e) : 0;
+        return w == 4 ? w : kSplitWarps;
+      }();
       static const int64_t sms = sm_count("attention");
       const int64_t blocks = nc * hkv * row_tiles * a.head_tiles;
       const SplitCarveout carveout = warps != 8 ? kCarveoutDriver
                                      : T == 1   ? (blocks <= sms ? kCarveoutDecode : kCarveoutDriver)
                                                 : (blocks <= 4 * sms ? kCarveoutBlock : kCarveoutDriver);
       decode_split = carveout == kCarveoutDecode;
-      auto* kernel = G == 4                       ? (carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock, 4>
-                                                                                : split_kernel<8, kCarveoutDriver, 4>)
-                     : carveout == kCarveoutDecode ? split_kernel<8, kCarveoutDecode>
+      auto* kernel = carveout == kCarveoutDecode ? split_kernel<8, kCarveoutDecode>
                      : carveout == kCarveoutBlock ? split_kernel<8, kCarveoutBlock>
                      : warps == 4                 ? split_kernel<4>
                                                   : split_kernel<8>;
@@ -700,14 +687,12 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
                                                     : "attention";
       if (carveout == kCarveoutDecode) default_carveout<split_kernel<8, kCarveoutDecode>>(kDecodeSplitCarveout, op);
       if (carveout == kCarveoutBlock) default_carveout<split_kernel<8, kCarveoutBlock>>(kBlockSplitCarveout, op);
-      if (carveout == kCarveoutBlock && G == 4)
-        default_carveout<split_kernel<8, kCarveoutBlock, 4>>(kBlockSplitCarveout, op);
       static const cudaError_t opt_in = [] {
         const int smem_max = static_cast<int>(std::max({split_smem_bytes(128, 64), split_smem_bytes(kMaxHeadDim, 32),
                                                         split_mma_smem_bytes(128, 64),
                                                         split_mma_smem_bytes(kMaxHeadDim, 32)}));
-        for (auto* k : {split_kernel<4>, split_kernel<8>, split_kernel<8, kCarveoutDecode>, split_kernel<8, kCarveoutBlock>,
-                        split_kernel<8, kCarveoutBlock, 4>, split_kernel<8, kCarveoutDriver, 4>})
+        for (auto* k :
+             {split_kernel<4>, split_kernel<8>, split_kernel<8, kCarveoutDecode>, split_kernel<8, kCarveoutBlock>})
           if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max))
             return e;
         return cudaSuccess;
@@ -715,7 +700,7 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       check(opt_in, "attention", "cudaFuncSetAttribute (dynamic shared memory)");
       const dim3 grid(static_cast<unsigned>(nc), static_cast<unsigned>(hkv),
                       static_cast<unsigned>(row_tiles * a.head_tiles));
-      launch_kernel(op, kernel, grid, warps * 32 * G, smem, s, a);
+      launch_kernel(op, kernel, grid, warps * 32, smem, s, a);
     }
     // Measuring only: DFLASH_ATTN_MERGE_DEPENDENTS_FIRST=R lets dependents in first up to R rows
     // whatever the split kernel's carveout (0: never).
