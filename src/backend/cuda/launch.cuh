@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/op_list.h"
 
 namespace dflash::cuda {
 
@@ -38,16 +39,16 @@ inline bool pdl_enabled() {
 // Measuring only, read once: DFLASH_CUDA_PDL_SKIP="op,op" launches those ops without the
 // attribute (which kernel gains or loses by it); DFLASH_CUDA_NOOP="op,op" launches nothing for
 // them, so a step's time without them shows what they cost inside it (the results are then
-// wrong). `op` is launch_kernel's name for the op.
+// wrong). `op` is launch_kernel's name for the op; "name*" names every op starting with name
+// (op_list.h).
 enum class OpList { PdlSkip, NoOp };
 inline bool op_listed(OpList which, const char* op) {
   auto read = [](const char* var) {
     const char* e = std::getenv(var);
-    return e ? "," + std::string(e) + "," : std::string();
+    return e ? std::string(e) : std::string();
   };
   static const std::string pdl_skip = read("DFLASH_CUDA_PDL_SKIP"), noop = read("DFLASH_CUDA_NOOP");
-  const std::string& list = which == OpList::NoOp ? noop : pdl_skip;
-  return !list.empty() && list.find("," + std::string(op) + ",") != std::string::npos;
+  return op_in_list(which == OpList::NoOp ? noop : pdl_skip, op);
 }
 
 // Measuring only, read once: DFLASH_CUDA_CARVEOUT="op=N;op=N" asks, for those ops' kernels, for N
