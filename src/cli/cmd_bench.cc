@@ -169,7 +169,7 @@ void run_graph_probe(LoadedModels& m, const std::vector<int32_t>& prompt, nlohma
     target.forward(ts, block, true, features);
   });
   if (m.drafter) {
-    SequenceState ds = m.drafter->new_sequence(s + 2 * B);
+    SequenceState ds = m.drafter->new_sequence(s + B);
     m.drafter->add_context(ds, prefill.features);
     probe("draft (block rows)", [&] { m.drafter->draft(ds, anchor, B, B); });
     // The drafter's context update for a verified block (every row of it, as the queued loop
