@@ -650,7 +650,14 @@ void attention(const void* q, int64_t ldq, const void* k, int64_t ldk, const voi
       // chunk from L2. Only when that makes more than
       // kSplitManyBlocks blocks (long contexts) do the tiles grow again, to save those re-reads.
       const int max_q = split_max_queries(a.D8);
-      a.heads_per_block = std::min(group, max_q);
+      // Measuring only: DFLASH_ATTN_HEADS_PER_BLOCK=n serves n heads of a group a block (its
+      // other heads in other blocks, which stage the chunk again), to tell what a block's count
+      // of queries costs apart from what more blocks an SM and more stagings of a chunk cost.
+      static const int heads_per_block = [] {
+        const char* e = std::getenv("DFLASH_ATTN_HEADS_PER_BLOCK");
+        return e && std::atoi(e) > 0 ? std::atoi(e) : 0;
+      }();
+      a.heads_per_block = std::min({group, max_q, heads_per_block > 0 ? heads_per_block : group});
       a.head_tiles = (group + a.heads_per_block - 1) / a.heads_per_block;
       const int64_t max_rows = std::min<int64_t>(T, std::max(1, max_q / a.heads_per_block));
       static const int tile_queries = [] {
