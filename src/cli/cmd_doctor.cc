@@ -915,11 +915,9 @@ int run_doctor(const DoctorArgs& a) {
       const cuda::ReleaseCosts r = cuda::release_probe(bytes);
       std::printf("release under a weight stream (%d blocks, %d KiB tiles, %.1f releases a block): 16-byte loads "
                   "%.1f GB/s, %.1f with a release a tile (+%.2f us each); bulk copies %.1f GB/s, %.1f with a "
-                  "release a tile (+%.2f us each); 16-byte loads in the gate/up product's row pattern %.1f GB/s, "
-                  "with its K slices interleaved %.1f GB/s\n",
+                  "release a tile (+%.2f us each); 16-byte loads in the gate/up product's row pattern %.1f GB/s\n",
                   r.blocks, r.tile_bytes >> 10, r.releases_per_block, r.loads_gbs, r.loads_release_gbs,
-                  r.loads_release_us, r.bulk_gbs, r.bulk_release_gbs, r.bulk_release_us, r.rows_gbs,
-                  r.rows_interleaved_gbs);
+                  r.loads_release_us, r.bulk_gbs, r.bulk_release_gbs, r.bulk_release_us, r.rows_gbs);
     }
     // Whether bytes staged into L2 ahead of a read are found there (weights staged during the
     // short kernels, fifteenth pass: they were not): an o_proj-sized and a half-L2-sized read,

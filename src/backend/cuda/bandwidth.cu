@@ -257,9 +257,7 @@ __device__ __forceinline__ void raise_counter(unsigned* counter, bool release) {
 // ROWS: each tile read as the gate/up product reads a tile of its weight (32 rows of 4096 bf16,
 // warp = K slice · 2 + group of 16 rows, lane (g, t) 16 bytes of rows g and g + 8 at unit 4c + t
 // of chunk c), instead of in contiguous 512-byte warp segments: what that pattern costs.
-// INTERLEAVED: the same rows, slice s walking chunks s, s + 4, … (skinny_matmul.cu's
-// slice_walk): the four slices read each row's next 256 bytes together.
-template <bool RELEASE, bool ROWS = false, bool INTERLEAVED = false>
+template <bool RELEASE, bool ROWS = false>
 __global__ void __launch_bounds__(256, 2) tiled_read_kernel(const uint4* __restrict__ p, int64_t tiles,
                                                             unsigned* counter, unsigned* sink) {
   constexpr int kUnits = kReleaseTile / 16, kPerLane = kUnits / 256, U = 8;
@@ -272,7 +270,7 @@ __global__ void __launch_bounds__(256, 2) tiled_read_kernel(const uint4* __restr
     if constexpr (ROWS) {
       constexpr int kRowUnits = 4096 * 2 / 16;
       const int slice = warp / 2, group = warp % 2, g = lane / 4, t = lane % 4;
-      const int row = group * 16 + (j % 2) * 8 + g, c = INTERLEAVED ? (j / 2) * 4 + slice : slice * 32 + j / 2;
+      const int row = group * 16 + (j % 2) * 8 + g, c = slice * 32 + j / 2;
       return tile + row * kRowUnits + 4 * c + t;
     } else {
       return tile + warp * (kUnits / 8) + j * 32 + lane;
@@ -516,8 +514,6 @@ ReleaseCosts release_probe(size_t bytes) {
       if (way == 2) tiled_bulk_kernel<false><<<blocks, 256, kRing>>>(buf, tiles, c, sink);
       if (way == 3) tiled_bulk_kernel<true><<<blocks, 256, kRing>>>(buf, tiles, c, sink);
       if (way == 4) tiled_read_kernel<false, true><<<blocks, 256>>>(reinterpret_cast<const uint4*>(buf), tiles, c, sink);
-      if (way == 5)
-        tiled_read_kernel<false, true, true><<<blocks, 256>>>(reinterpret_cast<const uint4*>(buf), tiles, c, sink);
     });
   };
   r.loads_gbs = rate(0) / 1e9;
@@ -525,7 +521,6 @@ ReleaseCosts release_probe(size_t bytes) {
   r.bulk_gbs = rate(2) / 1e9;
   r.bulk_release_gbs = rate(3) / 1e9;
   r.rows_gbs = rate(4) / 1e9;
-  r.rows_interleaved_gbs = rate(5) / 1e9;
   // The time the releases added, spread over each block's releases.
   auto per_release_us = [&](double without, double with) {
     return (double(bytes) / (with * 1e9) - double(bytes) / (without * 1e9)) * 1e6 / r.releases_per_block;

@@ -56,7 +56,6 @@ struct ReleaseCosts {
   int blocks = 0, tile_bytes = 0;
   double releases_per_block = 0;
   double loads_gbs = 0, loads_release_gbs = 0, bulk_gbs = 0, bulk_release_gbs = 0, rows_gbs = 0;
-  double rows_interleaved_gbs = 0;  // the same rows, the K slices interleaved (skinny_matmul.cu's slice_walk)
   double loads_release_us = 0, bulk_release_us = 0;
 };
 ReleaseCosts release_probe(size_t bytes);

@@ -102,32 +102,12 @@ __device__ __forceinline__ const uint4* tiled_rows(const __nv_bfloat16* w, int64
   return reinterpret_cast<const uint4*>(w) + tau * (K / 32) * 32 + lane;
 }
 
-// Which chunks of K a warp's slice walks, and how far apart in memory (16-byte units) its
-// logical chunks j and j + 1 lie, in w and in x. By default slice s of S walks the contiguous
-// chunks [s·chunks/S, (s+1)·chunks/S). Interleaved (DFLASH_SKINNY_INTERLEAVE=1, measuring only;
-// where S > 1 divides the chunks and w is row-major), slice s walks chunks s, s + S, s + 2S, …:
-// the S warps sharing a block's rows then read each row's next S·64 bytes together instead of
-// S pieces 1/S of the row apart. Each slice still sums its chunks in ascending order and the
-// slices meet in slice order, and the choice comes from K and S alone, so a row alone equals
-// the same row in a block bit for bit either way (the bits differ between the two settings).
-struct SliceWalk {
-  int c_begin, c_end;  // logical chunks
-  int offset;          // 16-byte units from a row's start to logical chunk 0
-  int w_step, x_step;  // 16-byte units between logical chunks
-};
-template <bool TILED, bool IL>
-__device__ __forceinline__ SliceWalk slice_walk(int chunks, int S, int slice) {
-  if (IL && !TILED && S > 1 && chunks % S == 0) return {0, chunks / S, 4 * slice, 4 * S, 4 * S};
-  return {int(int64_t(slice) * chunks / S), int(int64_t(slice + 1) * chunks / S), 0, TILED ? 32 : 4, 4};
-}
-
 // Where a warp's NT n8 tiles of w start, for chunk 0: rows first + 8·nt (PAIR: gate rows first …
 // and up rows NO + first …). Row-major, lane (g, t) reads 16-byte unit t of its row g, and
 // chunk c is 4c units on; rows past the weight re-read its last. TILED: tiled_rows.
 template <int NT, bool PAIR, bool TILED>
 __device__ __forceinline__ void point_weight_rows(const uint4* (&wrow)[NT], const __nv_bfloat16* w, int64_t ldw,
-                                                  int64_t first, int N, int64_t NO, int K, int lane,
-                                                  int offset) {
+                                                  int64_t first, int N, int64_t NO, int K, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -136,7 +116,7 @@ __device__ __forceinline__ void point_weight_rows(const uint4* (&wrow)[NT], cons
     } else {
       int64_t n = first + nt * 8 + g;
       if constexpr (PAIR) n = first + g < NO ? nt * NO + first + g : N - 1;
-      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t + offset;
+      wrow[nt] = reinterpret_cast<const uint4*>(w + (n < N ? n : int64_t(N) - 1) * ldw) + t;
     }
   }
 }
@@ -170,8 +150,7 @@ __device__ __forceinline__ void load_next_batch(const LoadNext& load_next, bool&
 // 8 columns, each product first rounded to bf16 as the unfused gate_up tensor would hold it.
 // Every product sums its K slices exactly as the plain kernel does (same chunks, same order,
 // S from the same weight shape), so this equals matmul + silu_mul bit for bit.
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1,
-          bool IL = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, const __nv_bfloat16* __restrict__ w,
                       int64_t ldw, Out* __restrict__ y, int64_t ldy, int M, int N, int K, int S, bool accumulate,
@@ -191,8 +170,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int64_t block_n0 = int64_t(blockIdx.x) * G * kCols;
   const int64_t n0 = block_n0 + int64_t(group) * kCols;
   const int chunks = K / 32;
-  const SliceWalk walk = slice_walk<TILED, IL>(chunks, S, slice);
-  const int c_begin = walk.c_begin, c_end = walk.c_end;
+  const int c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
 
   float acc[MT][NT][4];
 #pragma unroll
@@ -203,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
   const uint4* wrow[NT];
-  point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, n0, N, NO, K, lane, walk.offset);
+  point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, n0, N, NO, K, lane);
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
   const int c_last = c_end - 1;
@@ -216,7 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int u = 0; u < U; ++u) {
       const int cu = c + u < c_last ? c + u : c_last;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + walk.w_step * cu);
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + (TILED ? 32 : 4) * cu);
     }
   };
   // An uploaded weight is never written by a kernel, so its first PRE batches (prewait_batches)
@@ -263,7 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int h = 0; h < 2; ++h) {
         const int m = mt * 16 + h * 8 + g;
         xin[mt][h] = m < M;
-        xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t + walk.offset;
+        xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t;
       }
 
     // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
@@ -282,7 +260,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) a[u][mt][h] = xin[mt][h] ? __ldg(xrow[mt][h] + walk.x_step * cu) : make_uint4(0, 0, 0, 0);
+            for (int h = 0; h < 2; ++h) a[u][mt][h] = xin[mt][h] ? __ldg(xrow[mt][h] + 4 * cu) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < XU; ++u) {
@@ -359,8 +337,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   mark.exit();
 }
 
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1,
-          bool IL = false>
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                  const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
@@ -379,8 +356,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int G = kWarps / S;  // groups of rows of w per tile; warp = slice · G + group
   const int group = warp % G, slice = warp / G;
   const int chunks = K / 32;
-  const SliceWalk walk = slice_walk<TILED, IL>(chunks, S, slice);
-  const int c_begin = walk.c_begin, c_end = walk.c_end;
+  const int c_begin = int(int64_t(slice) * chunks / S), c_end = int(int64_t(slice + 1) * chunks / S);
   const int block_cols = G * kCols;
 
   // skinny_mma_kernel for more tiles than resident slots. A tile is what one block of
@@ -419,9 +395,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   int64_t n0 = block_n0 + int64_t(group) * kCols;
 
   const uint4* wrow[NT];
-  auto point_rows = [&](int64_t first) {
-    point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, first, N, NO, K, lane, walk.offset);
-  };
+  auto point_rows = [&](int64_t first) { point_weight_rows<NT, PAIR, TILED>(wrow, w, ldw, first, N, NO, K, lane); };
   point_rows(n0);
   // Loads past the end of the slice re-read its last chunk (always valid memory, no branch
   // to keep the compiler from hoisting them); the mma's for those steps are skipped.
@@ -435,7 +409,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int u = 0; u < U; ++u) {
       const int cu = c + u < c_last ? c + u : c_last;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + walk.w_step * cu);
+      for (int nt = 0; nt < NT; ++nt) dst[u][nt] = ld_stream_16(wrow[nt] + (TILED ? 32 : 4) * cu);
     }
   };
   // An uploaded weight is never written by a kernel, so its first tile's first PRE batches
@@ -503,7 +477,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int h = 0; h < 2; ++h) {
           const int m = mt * 16 + h * 8 + g;
           xin[mt][h] = m < M;
-          xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t + walk.offset;
+          xrow[mt][h] = reinterpret_cast<const uint4*>(x + int64_t(m < M ? m : 0) * ldx) + t;
         }
 
       // c is where the walk is (rotate: from phys(c_begin) on round the slice), `left` how much
@@ -539,7 +513,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
               for (int h = 0; h < 2; ++h)
-                a[u][mt][h] = xin[mt][h] ? __ldg(xrow[mt][h] + walk.x_step * cu) : make_uint4(0, 0, 0, 0);
+                a[u][mt][h] = xin[mt][h] ? __ldg(xrow[mt][h] + 4 * cu) : make_uint4(0, 0, 0, 0);
           }
 #pragma unroll
           for (int u = 0; u < XU; ++u) {
@@ -674,7 +648,6 @@ struct MmaSettings {
   int2 rotate{0, 1};  // DFLASH_SKINNY_ROTATE="mult[:group]" (rotation_chunks), measuring only
   bool cross_tile = true;  // DFLASH_SKINNY_CROSS_TILE=0: the next tile's first batch after the walk's barrier
   int prewait_persistent = 2;  // DFLASH_SKINNY_PREWAIT_PERSISTENT=1: the rule gives persistent products one
-  bool interleave = false;  // DFLASH_SKINNY_INTERLEAVE=1: slices walk interleaved chunks (slice_walk), measuring only
   // DFLASH_DIAG_SKINNY_LDX=n (measuring only, wrong output): products of more than one row read
   // x with row stride n elements. 0 puts every row on row 0 (x's L2 bytes and L1 lines those of
   // one row); 64 keeps a load's eight 128-byte lines but lays the rows over each other (x's L2
@@ -725,7 +698,6 @@ const MmaSettings& mma_settings() {
     if (const char* e = std::getenv("DFLASH_SKINNY_PERSIST"); e && *e) m.persist = std::atoi(e);
     if (const char* e = std::getenv("DFLASH_SKINNY_CROSS_TILE"); e && std::string(e) == "0") m.cross_tile = false;
     if (const char* e = std::getenv("DFLASH_SKINNY_PREWAIT_PERSISTENT"); e && std::string(e) == "1") m.prewait_persistent = 1;
-    if (const char* e = std::getenv("DFLASH_SKINNY_INTERLEAVE"); e && std::string(e) == "1") m.interleave = true;
     if (const char* e = std::getenv("DFLASH_DIAG_SKINNY_LDX"); e && *e && std::atoll(e) >= 0) m.diag_ldx = std::atoll(e);
     m.ldx_shapes = weight_shapes(std::getenv("DFLASH_DIAG_SKINNY_LDX_SHAPES"));
     if (const char* e = std::getenv("DFLASH_SKINNY_ROTATE")) {
@@ -828,7 +800,7 @@ int prewait_batches(const MmaSettings& ms, int N, int K, int S, int NT, bool per
 }
 
 // `slots` > 0: the persistent kernel with that many blocks (more tiles than resident slots).
-template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int PRE, bool IL = false>
+template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, int PRE>
 void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy, int M, int N,
                         int K, int S, bool accumulate, bool prewait, const SkinnyNorm& norm, int64_t tiles,
                         int64_t slots, cudaStream_t s) {
@@ -837,14 +809,14 @@ void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, 
   const auto* wp = static_cast<const __nv_bfloat16*>(w);
   if (slots > 0) {
     unsigned* sched = ms.persist == 2 ? sched_counter(s) : nullptr;
-    constexpr auto kernel = skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE, IL>;
+    constexpr auto kernel = skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
     if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
     launch_kernel("matmul (skinny)", kernel, unsigned(slots), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y),
                   ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, static_cast<int>(tiles), sched, ms.rotate,
                   ms.cross_tile);
     return;
   }
-  constexpr auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE, IL>;
+  constexpr auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
   if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
   launch_kernel("matmul (skinny)", kernel, unsigned(tiles), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y), ldy,
                 M, N, K, S, accumulate, norm, prewait, ms.early_y, ms.rotate);
@@ -862,19 +834,7 @@ void launch_mma(const void* x, int64_t ldx, const void* w, int64_t ldw, void* y,
   int64_t slots = ms.persist > 0 ? persistent_slots<MT, NT, Out, EPI, PAIR, TILED>() : 0;
   if (tiles <= slots) slots = 0;  // a block a tile
   if constexpr (MT == 1) {
-    const bool pre2 = prewait && prewait_batches(ms, N, K, S, NT, slots > 0) == 2;
-    if constexpr (!TILED) {
-      if (ms.interleave) {  // measuring only (slice_walk); up to 16 rows
-        if (pre2)
-          launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate,
-                                                                     prewait, norm, tiles, slots, s);
-        else
-          launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 1, true>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate,
-                                                                     prewait, norm, tiles, slots, s);
-        return;
-      }
-    }
-    if (pre2) {
+    if (prewait && prewait_batches(ms, N, K, S, NT, slots > 0) == 2) {
       launch_mma_kernels<MT, NT, Out, EPI, PAIR, TILED, 2>(x, ldx, w, ldw, y, ldy, M, N, K, S, accumulate, prewait, norm,
                                                            tiles, slots, s);
       return;
