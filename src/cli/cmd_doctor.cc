@@ -919,6 +919,18 @@ int run_doctor(const DoctorArgs& a) {
                   r.blocks, r.tile_bytes >> 10, r.releases_per_block, r.loads_gbs, r.loads_release_gbs,
                   r.loads_release_us, r.bulk_gbs, r.bulk_release_gbs, r.bulk_release_us, r.rows_gbs);
     }
+    // A product fed by bulk copies on the products' own shapes (the building block a persistent
+    // step whose products hand tiles over would need, docs/cuda.md What remains item 0), against
+    // the backend's kernel on the same weights.
+    for (const int M : {1, 16})
+      for (const auto& [N, K] : {std::pair{4096, 4096}, std::pair{6144, 4096}, std::pair{24576, 4096},
+                                 std::pair{4096, 12288}, std::pair{151936, 4096}}) {
+        const cuda::BulkProductRates b = cuda::bulk_product_probe(M, N, K);
+        if (!b.ran) continue;
+        std::printf("product by bulk copies x[%d,%d] w[%d,%d] (%d weights a rep): 16-byte loads (the backend's) "
+                    "%.1f us = %.1f GB/s, bulk copies %.1f us = %.1f GB/s; outputs differ by %.2e of the largest\n",
+                    M, K, N, K, b.launches, b.loads_us, b.loads_gbs, b.bulk_us, b.bulk_gbs, b.max_rel_diff);
+      }
     // Whether bytes staged into L2 ahead of a read are found there (weights staged during the
     // short kernels, fifteenth pass: they were not): an o_proj-sized and a half-L2-sized read,
     // cold and after each way of staging it.

@@ -2,11 +2,15 @@
 // decode step, which read each weight once and write almost nothing. (copy_bandwidth, beside
 // it in cuda_backend.cc, is the issue's roofline: a device-to-device copy.)
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/kernels.h"
 
 namespace dflash::cuda {
 namespace {
@@ -369,6 +373,107 @@ __global__ void spin_kernel(long long cycles) {
   }
 }
 
+
+// A skinny product fed by bulk copies (bulk_product_probe), beside the backend's 16-byte-load
+// kernel (skinny_matmul.cu): y[M, N] = x[M, K] · w[N, K]ᵀ for M ≤ 16, bf16 in, f32 out, w
+// row-major as uploaded. A tile is 16 rows of w over all of K; a stage is kBulkStageK columns
+// of the tile's rows, one bulk copy a row (1 KiB) into a padded row of the ring, so that the
+// lanes' 16-byte fragment reads are free of bank conflicts. Block b takes tiles b, b + grid, …
+// and keeps kBulkStages stages in flight across its tiles; its 8 warps take two of a stage's
+// 16 chunks of 32 columns each, as m16n8k16 mma's with the fragment layout skinny_matmul.cu
+// uses, and meet in shared memory at a tile's end (warps added in order: the same sums for
+// every M). What the design that would let products hand tiles to each other without a
+// release waiting on the weight stream (docs/cuda.md, What remains, item 0) reads at, measured
+// on the products' own shapes before anything is built on it.
+constexpr int kBulkRows = 16, kBulkStageK = 512, kBulkStages = 4;
+constexpr int kBulkRowPitch = 2 * kBulkStageK + 64;  // bytes: rows g and g + 1 on opposite bank halves
+constexpr int kBulkStageBytes = kBulkRows * kBulkRowPitch;
+
+__global__ void __launch_bounds__(256, 2) bulk_product_kernel(const __nv_bfloat16* __restrict__ x,
+                                                              const __nv_bfloat16* __restrict__ w,
+                                                              float* __restrict__ y, int M, int N, int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ __align__(8) uint64_t landed[kBulkStages];
+  __shared__ float part[8][16][16];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int per_tile = K / kBulkStageK;
+  const int64_t tiles = N / kBulkRows;
+  const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  const int64_t copies = mine * per_tile;
+  ring_init(landed);
+  // Copy j: stage j % per_tile of the block's tile j / per_tile, into ring stage j % kBulkStages.
+  auto issue = [&](int64_t j) {
+    const int s = int(j % kBulkStages);
+    const int64_t row0 = (blockIdx.x + (j / per_tile) * gridDim.x) * kBulkRows;
+    const int64_t k0 = (j % per_tile) * kBulkStageK;
+    unsigned char* stage = ring + s * kBulkStageBytes;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&landed[s])),
+                 "r"(kBulkRows * kBulkStageK * 2)
+                 : "memory");
+    for (int r = 0; r < kBulkRows; ++r)
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       smem_addr(stage + r * kBulkRowPitch)),
+                   "l"(w + (row0 + r) * K + k0), "r"(kBulkStageK * 2), "r"(smem_addr(&landed[s]))
+                   : "memory");
+  };
+  if (threadIdx.x == 0)
+    for (int64_t j = 0; j < kBulkStages && j < copies; ++j) issue(j);
+  // x's rows g and g + 8 (zeros past M), 16-byte unit t of each chunk.
+  const uint4* xrow0 = reinterpret_cast<const uint4*>(x + int64_t(g < M ? g : 0) * K) + t;
+  const uint4* xrow1 = reinterpret_cast<const uint4*>(x + int64_t(g + 8 < M ? g + 8 : 0) * K) + t;
+  const bool in0 = g < M, in1 = g + 8 < M;
+  float acc[2][4] = {};
+  for (int64_t j = 0; j < copies; ++j) {
+    const int s = int(j % kBulkStages), ks = int(j % per_tile);
+    uint4 a[2][2];  // x for the warp's two chunks, loaded before the wait
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int unit = ks * (kBulkStageK / 8) + 4 * (2 * warp + cc);
+      a[cc][0] = in0 ? __ldg(xrow0 + unit) : make_uint4(0, 0, 0, 0);
+      a[cc][1] = in1 ? __ldg(xrow1 + unit) : make_uint4(0, 0, 0, 0);
+    }
+    ring_wait(&landed[s], uint32_t(j / kBulkStages) & 1u);
+    const unsigned char* stage = ring + s * kBulkStageBytes;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int off = (t + 4 * (2 * warp + cc)) * 16;
+      const uint4 b0 = *reinterpret_cast<const uint4*>(stage + g * kBulkRowPitch + off);
+      const uint4 b1 = *reinterpret_cast<const uint4*>(stage + (g + 8) * kBulkRowPitch + off);
+      const uint4 lo = a[cc][0], hi = a[cc][1];
+      mma_bf16_16x8x16(acc[0], lo.x, hi.x, lo.y, hi.y, b0.x, b0.y);
+      mma_bf16_16x8x16(acc[0], lo.z, hi.z, lo.w, hi.w, b0.z, b0.w);
+      mma_bf16_16x8x16(acc[1], lo.x, hi.x, lo.y, hi.y, b1.x, b1.y);
+      mma_bf16_16x8x16(acc[1], lo.z, hi.z, lo.w, hi.w, b1.z, b1.w);
+    }
+    __syncthreads();  // every warp is past stage s: it may be refilled
+    if (threadIdx.x == 0 && j + kBulkStages < copies) issue(j + kBulkStages);
+    if (ks == per_tile - 1) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          part[warp][g + (i / 2) * 8][nt * 8 + 2 * t + i % 2] = acc[nt][i];
+          acc[nt][i] = 0.f;
+        }
+      __syncthreads();
+      const int64_t row0 = (blockIdx.x + (j / per_tile) * gridDim.x) * kBulkRows;
+      for (int i = threadIdx.x; i < M * kBulkRows; i += 256) {
+        const int m = i / kBulkRows, col = i % kBulkRows;
+        float sum = part[0][m][col];
+        for (int v = 1; v < 8; ++v) sum += part[v][m][col];
+        y[int64_t(m) * N + row0 + col] = sum;
+      }
+      __syncthreads();  // part is written again at the next tile's end
+    }
+  }
+#else
+  (void)x, (void)w, (void)y, (void)M, (void)N, (void)K;
+  __trap();
+#endif
+}
+
 }  // namespace
 
 double l2_stage_probe(size_t bytes, int mode) {
@@ -527,6 +632,90 @@ ReleaseCosts release_probe(size_t bytes) {
   };
   r.loads_release_us = per_release_us(r.loads_gbs, r.loads_release_gbs);
   r.bulk_release_us = per_release_us(r.bulk_gbs, r.bulk_release_gbs);
+  return r;
+}
+
+
+BulkProductRates bulk_product_probe(int M, int N, int K) {
+  BulkProductRates r;
+  r.M = M, r.N = N, r.K = K;
+  if (M < 1 || M > 16 || N % kBulkRows != 0 || K % kBulkStageK != 0) return r;
+  const size_t w_bytes = size_t(N) * size_t(K) * 2;
+  // Several weights read back to back (each read once a rep, so from memory, not L2), at least
+  // 512 MiB a rep, as the decode step's products follow each other.
+  const int launches = int(std::clamp<size_t>(((size_t(512) << 20) + w_bytes - 1) / w_bytes, 2, 8));
+  const DeviceBuffer w(w_bytes * launches, "bulk product"), x(size_t(M) * K * 2, "bulk product");
+  const DeviceBuffer y_bulk(size_t(M) * N * 4, "bulk product"), y_loads(size_t(M) * N * 4, "bulk product");
+  {  // bf16 values in [-1, 1): a fixed pseudo-random pattern (the two products are compared, not a reference)
+    std::vector<uint16_t> h(std::max(size_t(M) * K, size_t(1) << 20));
+    uint32_t v = 12345u;
+    for (auto& e : h) {
+      v = v * 1664525u + 1013904223u;
+      const float f = float(int32_t(v >> 8) - (1 << 23)) / float(1 << 23);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      e = uint16_t(bits >> 16);
+    }
+    check(cudaMemcpy(x.as(), h.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice), "bulk product", "cudaMemcpy");
+    for (size_t at = 0; at < w_bytes * launches; at += h.size() * 2)
+      check(cudaMemcpy(w.as<char>() + at, h.data(), std::min(h.size() * 2, w_bytes * launches - at),
+                       cudaMemcpyHostToDevice),
+            "bulk product", "cudaMemcpy");
+  }
+  constexpr int kSmem = kBulkStages * kBulkStageBytes;
+  check(cudaFuncSetAttribute(bulk_product_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "bulk product",
+        "cudaFuncSetAttribute");
+  const int sms = sm_count("bulk product");
+  const unsigned blocks = unsigned(std::min<int64_t>(N / kBulkRows, int64_t(sms) * 2));
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "bulk product", "cudaStreamCreate");
+  const auto* xp = x.as<const __nv_bfloat16>();
+  auto weight = [&](int l) { return w.as<const char>() + size_t(l) * w_bytes; };
+  auto run = [&](bool bulk) {
+    for (int l = 0; l < launches; ++l) {
+      if (bulk)
+        bulk_product_kernel<<<blocks, 256, kSmem, s>>>(xp, reinterpret_cast<const __nv_bfloat16*>(weight(l)),
+                                                       y_bulk.as<float>(), M, N, K);
+      else
+        skinny_matmul(xp, K, weight(l), K, y_loads.as(), N, Elem::F32, M, N, K, false, true, s);
+    }
+    check(cudaGetLastError(), "bulk product", "kernel launch");
+  };
+  auto time_us = [&](bool bulk) {
+    const Event e0("bulk product"), e1("bulk product");
+    double best = 1e30;
+    for (int rep = 0; rep < 6; ++rep) {
+      check(cudaEventRecord(e0, s), "bulk product", "cudaEventRecord");
+      run(bulk);
+      check(cudaEventRecord(e1, s), "bulk product", "cudaEventRecord");
+      check(cudaEventSynchronize(e1), "bulk product", "cudaEventSynchronize");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, e0, e1), "bulk product", "cudaEventElapsedTime");
+      if (rep > 0) best = std::min(best, double(ms) * 1e3 / launches);
+    }
+    return best;
+  };
+  // Alternating, so that neither gets the warmer GPU.
+  double loads_us = 1e30, bulk_us = 1e30;
+  for (int round = 0; round < 2; ++round) {
+    loads_us = std::min(loads_us, time_us(false));
+    bulk_us = std::min(bulk_us, time_us(true));
+  }
+  check(cudaStreamSynchronize(s), "bulk product", "cudaStreamSynchronize");
+  std::vector<float> a(size_t(M) * N), b(size_t(M) * N);
+  check(cudaMemcpy(a.data(), y_loads.as(), a.size() * 4, cudaMemcpyDeviceToHost), "bulk product", "cudaMemcpy");
+  check(cudaMemcpy(b.data(), y_bulk.as(), b.size() * 4, cudaMemcpyDeviceToHost), "bulk product", "cudaMemcpy");
+  cudaStreamDestroy(s);
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, double(std::fabs(a[i])));
+  }
+  r.launches = launches;
+  r.loads_us = loads_us, r.bulk_us = bulk_us;
+  r.loads_gbs = double(w_bytes) / (loads_us * 1e3), r.bulk_gbs = double(w_bytes) / (bulk_us * 1e3);
+  r.max_rel_diff = scale > 0 ? diff / scale : diff;
+  r.ran = true;
   return r;
 }
 

@@ -60,6 +60,18 @@ struct ReleaseCosts {
 };
 ReleaseCosts release_probe(size_t bytes);
 
+// A skinny product fed by bulk copies into a shared-memory ring (bandwidth.cu) against the
+// backend's 16-byte-load kernel on the same [N, K] weights and M rows (M ≤ 16, N % 16 == 0,
+// K % 512 == 0; `ran` false otherwise): µs a product and GB/s of weights, each the best of
+// several reps of `launches` weights read back to back, and the largest difference between
+// the two outputs over the largest output (their sums run in different orders).
+struct BulkProductRates {
+  int M = 0, N = 0, K = 0, launches = 0;
+  bool ran = false;
+  double loads_us = 0, bulk_us = 0, loads_gbs = 0, bulk_gbs = 0, max_rel_diff = 0;
+};
+BulkProductRates bulk_product_probe(int M, int N, int K);
+
 // What one dependency between two steps costs with no work in the way (sync_cost.cu): µs per
 // step of `steps` steps over blocks_per_sm × SMs blocks of 256 threads, each step a kernel in
 // stream order, a kernel under programmatic dependent launch (as the backend launches; `pdl`
