@@ -928,8 +928,10 @@ int run_doctor(const DoctorArgs& a) {
         const cuda::BulkProductRates b = cuda::bulk_product_probe(M, N, K);
         if (!b.ran) continue;
         std::printf("product by bulk copies x[%d,%d] w[%d,%d] (%d weights a rep): 16-byte loads (the backend's) "
-                    "%.1f us = %.1f GB/s, bulk copies %.1f us = %.1f GB/s; outputs differ by %.2e of the largest\n",
-                    M, K, N, K, b.launches, b.loads_us, b.loads_gbs, b.bulk_us, b.bulk_gbs, b.max_rel_diff);
+                    "%.1f us = %.0f GB/s; bulk, 1 KiB a row, thread 0 issuing %.1f us = %.0f GB/s, 16 lanes issuing "
+                    "%.1f us = %.0f GB/s, 2 KiB a row %.1f us = %.0f GB/s; outputs differ by %.2e of the largest\n",
+                    M, K, N, K, b.launches, b.us[0], b.gbs[0], b.us[1], b.gbs[1], b.us[2], b.gbs[2], b.us[3],
+                    b.gbs[3], b.max_rel_diff);
       }
     // Whether bytes staged into L2 ahead of a read are found there (weights staged during the
     // short kernels, fifteenth pass: they were not): an o_proj-sized and a half-L2-sized read,

@@ -376,71 +376,92 @@ __global__ void spin_kernel(long long cycles) {
 
 // A skinny product fed by bulk copies (bulk_product_probe), beside the backend's 16-byte-load
 // kernel (skinny_matmul.cu): y[M, N] = x[M, K] · w[N, K]ᵀ for M ≤ 16, bf16 in, f32 out, w
-// row-major as uploaded. A tile is 16 rows of w over all of K; a stage is kBulkStageK columns
-// of the tile's rows, one bulk copy a row (1 KiB) into a padded row of the ring, so that the
-// lanes' 16-byte fragment reads are free of bank conflicts. Block b takes tiles b, b + grid, …
-// and keeps kBulkStages stages in flight across its tiles; its 8 warps take two of a stage's
-// 16 chunks of 32 columns each, as m16n8k16 mma's with the fragment layout skinny_matmul.cu
+// row-major as uploaded. A tile is 16 rows of w over all of K; a stage is SK columns of the
+// tile's rows, one bulk copy a row into a padded row of the ring, so that the lanes' 16-byte
+// fragment reads are free of bank conflicts. Block b takes tiles b, b + grid, … and keeps the
+// ring's ST stages in flight across its tiles; its 8 warps take SK / 256 of a stage's chunks
+// of 32 columns each, as m16n8k16 mma's with the fragment layout skinny_matmul.cu
 // uses, and meet in shared memory at a tile's end (warps added in order: the same sums for
 // every M). What the design that would let products hand tiles to each other without a
 // release waiting on the weight stream (docs/cuda.md, What remains, item 0) reads at, measured
 // on the products' own shapes before anything is built on it.
-constexpr int kBulkRows = 16, kBulkStageK = 512, kBulkStages = 4;
-constexpr int kBulkRowPitch = 2 * kBulkStageK + 64;  // bytes: rows g and g + 1 on opposite bank halves
-constexpr int kBulkStageBytes = kBulkRows * kBulkRowPitch;
+constexpr int kBulkRows = 16;
+// SK columns a stage (2·SK bytes a row, one copy each), ST stages in the ring; LANES: warp 0's
+// first 16 lanes issue a stage's 16 copies at once instead of thread 0 one after another.
+template <int SK>
+__host__ __device__ constexpr int bulk_row_pitch() { return 2 * SK + 64; }  // bytes: rows g and g + 1 on opposite bank halves
+template <int SK, int ST>
+__host__ __device__ constexpr int bulk_ring_bytes() { return ST * kBulkRows * bulk_row_pitch<SK>(); }
 
+template <int SK, int ST, bool LANES>
 __global__ void __launch_bounds__(256, 2) bulk_product_kernel(const __nv_bfloat16* __restrict__ x,
                                                               const __nv_bfloat16* __restrict__ w,
                                                               float* __restrict__ y, int M, int N, int K) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kPitch = bulk_row_pitch<SK>(), kStageBytes = kBulkRows * kPitch;
+  constexpr int kWarpChunks = SK / 32 / 8;  // chunks of 32 columns a warp takes of each stage
   extern __shared__ __align__(128) unsigned char ring[];
-  __shared__ __align__(8) uint64_t landed[kBulkStages];
+  __shared__ __align__(8) uint64_t landed[ST];
   __shared__ float part[8][16][16];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int per_tile = K / kBulkStageK;
+  const int per_tile = K / SK;
   const int64_t tiles = N / kBulkRows;
   const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
   const int64_t copies = mine * per_tile;
   ring_init(landed);
-  // Copy j: stage j % per_tile of the block's tile j / per_tile, into ring stage j % kBulkStages.
+  // Stage j % per_tile of the block's tile j / per_tile, into ring stage j % ST: by thread 0,
+  // or (LANES) by lanes 0-15 of warp 0, after lane 0 has set the bytes to expect.
   auto issue = [&](int64_t j) {
-    const int s = int(j % kBulkStages);
+    const int s = int(j % ST);
     const int64_t row0 = (blockIdx.x + (j / per_tile) * gridDim.x) * kBulkRows;
-    const int64_t k0 = (j % per_tile) * kBulkStageK;
-    unsigned char* stage = ring + s * kBulkStageBytes;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&landed[s])),
-                 "r"(kBulkRows * kBulkStageK * 2)
-                 : "memory");
-    for (int r = 0; r < kBulkRows; ++r)
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                       smem_addr(stage + r * kBulkRowPitch)),
-                   "l"(w + (row0 + r) * K + k0), "r"(kBulkStageK * 2), "r"(smem_addr(&landed[s]))
+    const int64_t k0 = (j % per_tile) * SK;
+    unsigned char* stage = ring + s * kStageBytes;
+    if (lane == 0) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&landed[s])),
+                   "r"(kBulkRows * SK * 2)
                    : "memory");
+    }
+    auto copy_row = [&](int r) {
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       smem_addr(stage + r * kPitch)),
+                   "l"(w + (row0 + r) * K + k0), "r"(SK * 2), "r"(smem_addr(&landed[s]))
+                   : "memory");
+    };
+    if constexpr (LANES) {
+      __syncwarp();
+      if (lane < kBulkRows) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        copy_row(lane);
+      }
+    } else if (lane == 0) {
+      for (int r = 0; r < kBulkRows; ++r) copy_row(r);
+    }
   };
-  if (threadIdx.x == 0)
-    for (int64_t j = 0; j < kBulkStages && j < copies; ++j) issue(j);
+  const bool issuer = LANES ? warp == 0 : threadIdx.x == 0;
+  if (issuer)
+    for (int64_t j = 0; j < ST && j < copies; ++j) issue(j);
   // x's rows g and g + 8 (zeros past M), 16-byte unit t of each chunk.
   const uint4* xrow0 = reinterpret_cast<const uint4*>(x + int64_t(g < M ? g : 0) * K) + t;
   const uint4* xrow1 = reinterpret_cast<const uint4*>(x + int64_t(g + 8 < M ? g + 8 : 0) * K) + t;
   const bool in0 = g < M, in1 = g + 8 < M;
   float acc[2][4] = {};
   for (int64_t j = 0; j < copies; ++j) {
-    const int s = int(j % kBulkStages), ks = int(j % per_tile);
-    uint4 a[2][2];  // x for the warp's two chunks, loaded before the wait
+    const int s = int(j % ST), ks = int(j % per_tile);
+    uint4 a[kWarpChunks][2];  // x for the warp's chunks, loaded before the wait
 #pragma unroll
-    for (int cc = 0; cc < 2; ++cc) {
-      const int unit = ks * (kBulkStageK / 8) + 4 * (2 * warp + cc);
+    for (int cc = 0; cc < kWarpChunks; ++cc) {
+      const int unit = ks * (SK / 8) + 4 * (kWarpChunks * warp + cc);
       a[cc][0] = in0 ? __ldg(xrow0 + unit) : make_uint4(0, 0, 0, 0);
       a[cc][1] = in1 ? __ldg(xrow1 + unit) : make_uint4(0, 0, 0, 0);
     }
-    ring_wait(&landed[s], uint32_t(j / kBulkStages) & 1u);
-    const unsigned char* stage = ring + s * kBulkStageBytes;
+    ring_wait(&landed[s], uint32_t(j / ST) & 1u);
+    const unsigned char* stage = ring + s * kStageBytes;
 #pragma unroll
-    for (int cc = 0; cc < 2; ++cc) {
-      const int off = (t + 4 * (2 * warp + cc)) * 16;
-      const uint4 b0 = *reinterpret_cast<const uint4*>(stage + g * kBulkRowPitch + off);
-      const uint4 b1 = *reinterpret_cast<const uint4*>(stage + (g + 8) * kBulkRowPitch + off);
+    for (int cc = 0; cc < kWarpChunks; ++cc) {
+      const int off = (t + 4 * (kWarpChunks * warp + cc)) * 16;
+      const uint4 b0 = *reinterpret_cast<const uint4*>(stage + g * kPitch + off);
+      const uint4 b1 = *reinterpret_cast<const uint4*>(stage + (g + 8) * kPitch + off);
       const uint4 lo = a[cc][0], hi = a[cc][1];
       mma_bf16_16x8x16(acc[0], lo.x, hi.x, lo.y, hi.y, b0.x, b0.y);
       mma_bf16_16x8x16(acc[0], lo.z, hi.z, lo.w, hi.w, b0.z, b0.w);
@@ -448,7 +469,7 @@ __global__ void __launch_bounds__(256, 2) bulk_product_kernel(const __nv_bfloat1
       mma_bf16_16x8x16(acc[1], lo.z, hi.z, lo.w, hi.w, b1.z, b1.w);
     }
     __syncthreads();  // every warp is past stage s: it may be refilled
-    if (threadIdx.x == 0 && j + kBulkStages < copies) issue(j + kBulkStages);
+    if (issuer && j + ST < copies) issue(j + ST);
     if (ks == per_tile - 1) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -639,7 +660,7 @@ ReleaseCosts release_probe(size_t bytes) {
 BulkProductRates bulk_product_probe(int M, int N, int K) {
   BulkProductRates r;
   r.M = M, r.N = N, r.K = K;
-  if (M < 1 || M > 16 || N % kBulkRows != 0 || K % kBulkStageK != 0) return r;
+  if (M < 1 || M > 16 || N % kBulkRows != 0 || K % 1024 != 0) return r;
   const size_t w_bytes = size_t(N) * size_t(K) * 2;
   // Several weights read back to back (each read once a rep, so from memory, not L2), at least
   // 512 MiB a rep, as the decode step's products follow each other.
@@ -662,31 +683,33 @@ BulkProductRates bulk_product_probe(int M, int N, int K) {
                        cudaMemcpyHostToDevice),
             "bulk product", "cudaMemcpy");
   }
-  constexpr int kSmem = kBulkStages * kBulkStageBytes;
-  check(cudaFuncSetAttribute(bulk_product_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "bulk product",
-        "cudaFuncSetAttribute");
   const int sms = sm_count("bulk product");
   const unsigned blocks = unsigned(std::min<int64_t>(N / kBulkRows, int64_t(sms) * 2));
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "bulk product", "cudaStreamCreate");
   const auto* xp = x.as<const __nv_bfloat16>();
-  auto weight = [&](int l) { return w.as<const char>() + size_t(l) * w_bytes; };
-  auto run = [&](bool bulk) {
+  auto weight = [&](int l) { return reinterpret_cast<const __nv_bfloat16*>(w.as<const char>() + size_t(l) * w_bytes); };
+  // Way 0 the backend's kernel; ways 1-3 the bulk variants (BulkProductRates).
+  auto launch_bulk = [&](auto kernel, int smem, int l) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "bulk product",
+          "cudaFuncSetAttribute");
+    kernel<<<blocks, 256, smem, s>>>(xp, weight(l), y_bulk.as<float>(), M, N, K);
+  };
+  auto run = [&](int way) {
     for (int l = 0; l < launches; ++l) {
-      if (bulk)
-        bulk_product_kernel<<<blocks, 256, kSmem, s>>>(xp, reinterpret_cast<const __nv_bfloat16*>(weight(l)),
-                                                       y_bulk.as<float>(), M, N, K);
-      else
-        skinny_matmul(xp, K, weight(l), K, y_loads.as(), N, Elem::F32, M, N, K, false, true, s);
+      if (way == 0) skinny_matmul(xp, K, weight(l), K, y_loads.as(), N, Elem::F32, M, N, K, false, true, s);
+      if (way == 1) launch_bulk(bulk_product_kernel<512, 4, false>, bulk_ring_bytes<512, 4>(), l);
+      if (way == 2) launch_bulk(bulk_product_kernel<512, 4, true>, bulk_ring_bytes<512, 4>(), l);
+      if (way == 3) launch_bulk(bulk_product_kernel<1024, 3, true>, bulk_ring_bytes<1024, 3>(), l);
     }
     check(cudaGetLastError(), "bulk product", "kernel launch");
   };
-  auto time_us = [&](bool bulk) {
+  auto time_us = [&](int way) {
     const Event e0("bulk product"), e1("bulk product");
     double best = 1e30;
     for (int rep = 0; rep < 6; ++rep) {
       check(cudaEventRecord(e0, s), "bulk product", "cudaEventRecord");
-      run(bulk);
+      run(way);
       check(cudaEventRecord(e1, s), "bulk product", "cudaEventRecord");
       check(cudaEventSynchronize(e1), "bulk product", "cudaEventSynchronize");
       float ms = 0;
@@ -695,26 +718,32 @@ BulkProductRates bulk_product_probe(int M, int N, int K) {
     }
     return best;
   };
-  // Alternating, so that neither gets the warmer GPU.
-  double loads_us = 1e30, bulk_us = 1e30;
-  for (int round = 0; round < 2; ++round) {
-    loads_us = std::min(loads_us, time_us(false));
-    bulk_us = std::min(bulk_us, time_us(true));
-  }
-  check(cudaStreamSynchronize(s), "bulk product", "cudaStreamSynchronize");
+  // Alternating rounds, so that no way gets the warmer GPU; each way's output compared with the
+  // backend's right after it ran.
+  double us[4] = {1e30, 1e30, 1e30, 1e30};
   std::vector<float> a(size_t(M) * N), b(size_t(M) * N);
-  check(cudaMemcpy(a.data(), y_loads.as(), a.size() * 4, cudaMemcpyDeviceToHost), "bulk product", "cudaMemcpy");
-  check(cudaMemcpy(b.data(), y_bulk.as(), b.size() * 4, cudaMemcpyDeviceToHost), "bulk product", "cudaMemcpy");
+  for (int round = 0; round < 2; ++round)
+    for (int way = 0; way < 4; ++way) {
+      us[way] = std::min(us[way], time_us(way));
+      if (round == 1 && way > 0) {
+        check(cudaStreamSynchronize(s), "bulk product", "cudaStreamSynchronize");
+        check(cudaMemcpy(a.data(), y_loads.as(), a.size() * 4, cudaMemcpyDeviceToHost), "bulk product", "cudaMemcpy");
+        check(cudaMemcpy(b.data(), y_bulk.as(), b.size() * 4, cudaMemcpyDeviceToHost), "bulk product", "cudaMemcpy");
+        double diff = 0, scale = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+          scale = std::max(scale, double(std::fabs(a[i])));
+        }
+        r.max_rel_diff = std::max(r.max_rel_diff, scale > 0 ? diff / scale : diff);
+      }
+    }
+  check(cudaStreamSynchronize(s), "bulk product", "cudaStreamSynchronize");
   cudaStreamDestroy(s);
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(a[i])));
-  }
   r.launches = launches;
-  r.loads_us = loads_us, r.bulk_us = bulk_us;
-  r.loads_gbs = double(w_bytes) / (loads_us * 1e3), r.bulk_gbs = double(w_bytes) / (bulk_us * 1e3);
-  r.max_rel_diff = scale > 0 ? diff / scale : diff;
+  for (int way = 0; way < 4; ++way) {
+    r.us[way] = us[way];
+    r.gbs[way] = double(w_bytes) / (us[way] * 1e3);
+  }
   r.ran = true;
   return r;
 }

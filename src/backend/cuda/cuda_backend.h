@@ -62,13 +62,17 @@ ReleaseCosts release_probe(size_t bytes);
 
 // A skinny product fed by bulk copies into a shared-memory ring (bandwidth.cu) against the
 // backend's 16-byte-load kernel on the same [N, K] weights and M rows (M ≤ 16, N % 16 == 0,
-// K % 512 == 0; `ran` false otherwise): µs a product and GB/s of weights, each the best of
-// several reps of `launches` weights read back to back, and the largest difference between
-// the two outputs over the largest output (their sums run in different orders).
+// K % 1024 == 0; `ran` false otherwise). Ways: 0 the backend's kernel; 1 stages of 512 columns
+// (1 KiB a row, one copy each), four in the ring, thread 0 issuing a stage's 16 copies; 2 the
+// same, 16 lanes issuing them at once; 3 stages of 1024 columns, three in the ring, 16 lanes.
+// µs a product and GB/s of weights, each the best of several reps of `launches` weights read
+// back to back, and the largest difference between a bulk way's output and the backend's over
+// the backend's largest output (their sums run in different orders).
 struct BulkProductRates {
   int M = 0, N = 0, K = 0, launches = 0;
   bool ran = false;
-  double loads_us = 0, bulk_us = 0, loads_gbs = 0, bulk_gbs = 0, max_rel_diff = 0;
+  double us[4] = {}, gbs[4] = {};
+  double max_rel_diff = 0;
 };
 BulkProductRates bulk_product_probe(int M, int N, int K);
 
