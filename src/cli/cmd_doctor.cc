@@ -929,9 +929,9 @@ int run_doctor(const DoctorArgs& a) {
         if (!b.ran) continue;
         std::printf("product by bulk copies x[%d,%d] w[%d,%d] (%d weights a rep): 16-byte loads (the backend's) "
                     "%.1f us = %.0f GB/s; bulk, 1 KiB a row, thread 0 issuing %.1f us = %.0f GB/s, 16 lanes issuing "
-                    "%.1f us = %.0f GB/s, 2 KiB a row %.1f us = %.0f GB/s; outputs differ by %.2e of the largest\n",
+                    "%.1f us = %.0f GB/s, 2 KiB a row %.1f us = %.0f GB/s; outputs differ by %.2e of the largest%s\n",
                     M, K, N, K, b.launches, b.us[0], b.gbs[0], b.us[1], b.gbs[1], b.us[2], b.gbs[2], b.us[3],
-                    b.gbs[3], b.max_rel_diff);
+                    b.gbs[3], b.max_rel_diff, b.max_rel_diff > 1e-4 ? " (MORE THAN SUMMATION ORDER EXPLAINS)" : "");
       }
     // Whether bytes staged into L2 ahead of a read are found there (weights staged during the
     // short kernels, fifteenth pass: they were not): an o_proj-sized and a half-L2-sized read,
