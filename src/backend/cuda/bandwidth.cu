@@ -3,7 +3,6 @@
 // it in cuda_backend.cc, is the issue's roofline: a device-to-device copy.)
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "util/dtype.h"
 
 namespace dflash::cuda {
 namespace {
@@ -193,13 +193,21 @@ __device__ __forceinline__ void ring_init(uint64_t (&landed)[STAGES]) {
   }
   __syncthreads();
 }
-__device__ __forceinline__ void ring_issue(unsigned char* stage, uint64_t* landed, const char* src, int bytes) {
+// A stage's refill in two moves, for a stage filled by several copies (bulk_product_kernel):
+// the bytes the stage's mbarrier is to expect, then each copy completing on it.
+__device__ __forceinline__ void ring_expect(uint64_t* landed, int bytes) {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(landed)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void ring_copy(unsigned char* dst, uint64_t* landed, const void* src, int bytes) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(stage)),
+                   smem_addr(dst)),
                "l"(src), "r"(bytes), "r"(smem_addr(landed))
                : "memory");
+}
+__device__ __forceinline__ void ring_issue(unsigned char* stage, uint64_t* landed, const char* src, int bytes) {
+  ring_expect(landed, bytes);
+  ring_copy(stage, landed, src, bytes);
 }
 __device__ __forceinline__ void ring_wait(uint64_t* landed, uint32_t parity) {
   uint32_t done = 0;
@@ -416,18 +424,8 @@ __global__ void __launch_bounds__(256, 2) bulk_product_kernel(const __nv_bfloat1
     const int64_t row0 = (blockIdx.x + (j / per_tile) * gridDim.x) * kBulkRows;
     const int64_t k0 = (j % per_tile) * SK;
     unsigned char* stage = ring + s * kStageBytes;
-    if (lane == 0) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&landed[s])),
-                   "r"(kBulkRows * SK * 2)
-                   : "memory");
-    }
-    auto copy_row = [&](int r) {
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                       smem_addr(stage + r * kPitch)),
-                   "l"(w + (row0 + r) * K + k0), "r"(SK * 2), "r"(smem_addr(&landed[s]))
-                   : "memory");
-    };
+    if (lane == 0) ring_expect(&landed[s], kBulkRows * SK * 2);
+    auto copy_row = [&](int r) { ring_copy(stage + r * kPitch, &landed[s], w + (row0 + r) * K + k0, SK * 2); };
     if constexpr (LANES) {
       __syncwarp();
       if (lane < kBulkRows) {
@@ -673,9 +671,7 @@ BulkProductRates bulk_product_probe(int M, int N, int K) {
     for (auto& e : h) {
       v = v * 1664525u + 1013904223u;
       const float f = float(int32_t(v >> 8) - (1 << 23)) / float(1 << 23);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      e = uint16_t(bits >> 16);
+      e = f32_to_bf16(f);
     }
     check(cudaMemcpy(x.as(), h.data(), size_t(M) * K * 2, cudaMemcpyHostToDevice), "bulk product", "cudaMemcpy");
     for (size_t at = 0; at < w_bytes * launches; at += h.size() * 2)
@@ -689,18 +685,20 @@ BulkProductRates bulk_product_probe(int M, int N, int K) {
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "bulk product", "cudaStreamCreate");
   const auto* xp = x.as<const __nv_bfloat16>();
   auto weight = [&](int l) { return reinterpret_cast<const __nv_bfloat16*>(w.as<const char>() + size_t(l) * w_bytes); };
-  // Way 0 the backend's kernel; ways 1-3 the bulk variants (BulkProductRates).
-  auto launch_bulk = [&](auto kernel, int smem, int l) {
+  // Way 0 the backend's kernel; ways 1-3 the bulk variants (BulkProductRates), each with its
+  // ring's shared memory allowed once, before any timing.
+  constexpr auto bulk1 = bulk_product_kernel<512, 4, false>, bulk2 = bulk_product_kernel<512, 4, true>,
+                 bulk3 = bulk_product_kernel<1024, 3, true>;
+  constexpr int ring1 = bulk_ring_bytes<512, 4>(), ring3 = bulk_ring_bytes<1024, 3>();
+  for (const auto& [kernel, smem] : {std::pair{bulk1, ring1}, std::pair{bulk2, ring1}, std::pair{bulk3, ring3}})
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "bulk product",
           "cudaFuncSetAttribute");
-    kernel<<<blocks, 256, smem, s>>>(xp, weight(l), y_bulk.as<float>(), M, N, K);
-  };
   auto run = [&](int way) {
     for (int l = 0; l < launches; ++l) {
       if (way == 0) skinny_matmul(xp, K, weight(l), K, y_loads.as(), N, Elem::F32, M, N, K, false, true, s);
-      if (way == 1) launch_bulk(bulk_product_kernel<512, 4, false>, bulk_ring_bytes<512, 4>(), l);
-      if (way == 2) launch_bulk(bulk_product_kernel<512, 4, true>, bulk_ring_bytes<512, 4>(), l);
-      if (way == 3) launch_bulk(bulk_product_kernel<1024, 3, true>, bulk_ring_bytes<1024, 3>(), l);
+      if (way == 1) bulk1<<<blocks, 256, ring1, s>>>(xp, weight(l), y_bulk.as<float>(), M, N, K);
+      if (way == 2) bulk2<<<blocks, 256, ring1, s>>>(xp, weight(l), y_bulk.as<float>(), M, N, K);
+      if (way == 3) bulk3<<<blocks, 256, ring3, s>>>(xp, weight(l), y_bulk.as<float>(), M, N, K);
     }
     check(cudaGetLastError(), "bulk product", "kernel launch");
   };
