@@ -49,6 +49,24 @@ TEST_F(PairingFixture, TargetLayerIdOutOfRange) {
   EXPECT_NE(msg.find("target layer ids: [1,3] must be distinct and within 0 … 2"), std::string::npos) << msg;
 }
 
+// A layer id past int's range used to wrap (4294967297 read as layer 1) and be accepted.
+TEST_F(PairingFixture, TargetLayerIdPastIntRange) {
+  const auto msg = load_error(drafter_with([](json& c) { c["dflash_config"]["target_layer_ids"] = {0, 4294967297LL}; }));
+  EXPECT_NE(msg.find("config.json: field 'target_layer_ids' is out of range, got 4294967297"), std::string::npos) << msg;
+}
+
+// A string where an int belongs used to escape as nlohmann's type_error, naming no file.
+TEST_F(PairingFixture, BlockSizeOfTheWrongType) {
+  const auto msg = load_error(drafter_with([](json& c) { c["block_size"] = "16"; }));
+  EXPECT_NE(msg.find("config.json: field 'block_size' must be an integer, got \"16\""), std::string::npos) << msg;
+}
+
+// head_dim 0 used to divide the projections' rows by zero (SIGFPE) before any check ran.
+TEST_F(PairingFixture, HeadDimZero) {
+  const auto msg = load_error(drafter_with([](json& c) { c["head_dim"] = 0; }));
+  EXPECT_NE(msg.find("config.json: field 'head_dim' must be positive, got 0"), std::string::npos) << msg;
+}
+
 TEST_F(PairingFixture, MaskIdOutsideTheEmbedding) {
   const auto msg = load_error(drafter_with([](json& c) { c["dflash_config"]["mask_token_id"] = 256; }));
   EXPECT_NE(msg.find("mask token id: mask_token_id 256, embedding rows 256"), std::string::npos) << msg;
@@ -186,6 +204,22 @@ TEST_F(ConfigFixture, MissingRopeTheta) {
 TEST_F(ConfigFixture, UnsupportedRopeType) {
   const auto msg = load_error(target_with([](json& c) { c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}}; }));
   EXPECT_NE(msg.find("'longrope' is not supported"), std::string::npos) << msg;
+}
+
+TEST_F(ConfigFixture, RopeThetaNotPositive) {
+  const auto msg = load_error(target_with([](json& c) { c["rope_theta"] = -10000.0; c.erase("rope_parameters"); }));
+  EXPECT_NE(msg.find("config.json: field 'rope_theta' must be positive"), std::string::npos) << msg;
+}
+
+// A factor that rounds to zero in float32 divides the low frequencies by zero: the loader
+// refuses it, naming the file, instead of rotating by infinities.
+TEST_F(ConfigFixture, RopeFrequenciesNotFinite) {
+  const auto msg = load_error(target_with([](json& c) {
+    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 1e-300}, {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  }));
+  EXPECT_NE(msg.find("config.json: the RoPE parameters (llama3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("give rotation frequencies that are not finite numbers"), std::string::npos) << msg;
 }
 
 TEST_F(ConfigFixture, ConfigDisagreesWithTensorShapes) {

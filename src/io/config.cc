@@ -95,6 +95,8 @@ RopeConfig parse_rope(const nlohmann::json& j, int max_position_embeddings, cons
   if (params.contains("rope_theta")) r.theta = json_double(params, "rope_theta", path + " (rope_parameters)");
   else if (j.contains("rope_theta")) r.theta = json_double(j, "rope_theta", path);
   else throw Error(field_error(path, "rope_theta", "is missing (neither top-level nor in rope_parameters)"));
+  // Frequencies are powers of theta: a base of zero or below gives infinities and NaNs.
+  if (!(r.theta > 0)) throw Error(field_error(path, "rope_theta", "must be positive, got " + std::to_string(r.theta)));
 
   if (params.contains("rope_type") && params["rope_type"].is_string()) r.type = params["rope_type"].get<std::string>();
   else if (params.contains("type") && params["type"].is_string()) r.type = params["type"].get<std::string>();

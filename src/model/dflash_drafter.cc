@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <set>
 
 #include "util/error.h"
@@ -16,6 +17,12 @@ const nlohmann::json* dflash_field(const nlohmann::json& j, const char* name) {
     return &j["dflash_config"][name];
   if (j.contains(name) && !j[name].is_null()) return &j[name];
   return nullptr;
+}
+
+// A dflash_field value as an int, with json_int's checks and messages (a string, a fraction or
+// a number past int's range is refused, not converted).
+int field_int(const nlohmann::json& v, const char* field, const std::string& path) {
+  return json_int(nlohmann::json{{field, v}}, field, path);
 }
 
 int count_layers(const Checkpoint& ckpt) {
@@ -39,14 +46,18 @@ int tokenizer_token_count(const std::string& target_dir) {
   const auto p = std::filesystem::path(target_dir) / "tokenizer.json";
   if (!std::filesystem::exists(p)) return 0;
   const auto j = read_json_file(p.string());
-  int max_id = -1;
+  // Ids past int's range are the tokenizer loader's to refuse; here they must not wrap.
+  int64_t max_id = -1;
+  auto see = [&](const nlohmann::json& v) {
+    if (v.is_number_integer() && v.get<int64_t>() < std::numeric_limits<int>::max())
+      max_id = std::max(max_id, v.get<int64_t>());
+  };
   if (j.contains("model") && j["model"].contains("vocab") && j["model"]["vocab"].is_object())
-    for (const auto& v : j["model"]["vocab"])
-      if (v.is_number_integer()) max_id = std::max(max_id, v.get<int>());
+    for (const auto& v : j["model"]["vocab"]) see(v);
   if (j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const auto& t : j["added_tokens"])
-      if (t.contains("id") && t["id"].is_number_integer()) max_id = std::max(max_id, t["id"].get<int>());
-  return max_id + 1;
+      if (t.contains("id")) see(t["id"]);
+  return static_cast<int>(max_id + 1);
 }
 
 DrafterConfig infer_drafter_config(const Checkpoint& ckpt, const Qwen3Config& target, int target_token_count) {
@@ -67,6 +78,8 @@ DrafterConfig infer_drafter_config(const Checkpoint& ckpt, const Qwen3Config& ta
   if (ckpt.has("layers.0.self_attn.q_norm.weight"))
     fill("head_dim", ckpt.peek("layers.0.self_attn.q_norm.weight").shape[0]);
   const int head_dim = json_int(j, "head_dim", path);
+  // The head counts below are divided out of the projections' rows.
+  if (head_dim <= 0) throw Error(path + ": field 'head_dim' must be positive, got " + std::to_string(head_dim));
   if (ckpt.has("layers.0.self_attn.q_proj.weight"))
     fill("num_attention_heads", ckpt.peek("layers.0.self_attn.q_proj.weight").shape[0] / head_dim);
   if (ckpt.has("layers.0.self_attn.k_proj.weight"))
@@ -84,13 +97,13 @@ DrafterConfig infer_drafter_config(const Checkpoint& ckpt, const Qwen3Config& ta
   if (j.contains("layer_types") && j["layer_types"].is_array())
     for (const auto& t : j["layer_types"])
       if (t.is_string() && t.get<std::string>() != "full_attention")
-        throw Error(path + ": field 'layer_types' has '" + t.get<std::string>() +
+        throw Error(path + ": field 'layer_types' has '" + printable(t.get<std::string>()) +
                     "' layers; only full_attention drafters are supported yet");
 
   const int64_t k_from_shape = target.hidden_size > 0 ? fc.shape[1] / target.hidden_size : 0;
-  if (const auto* v = dflash_field(j, "block_size")) d.block_size = v->get<int>();
+  if (const auto* v = dflash_field(j, "block_size")) d.block_size = field_int(*v, "block_size", path);
   else { d.block_size = 16; d.guessed.push_back("block_size=16"); }
-  if (const auto* v = dflash_field(j, "num_target_layers")) d.num_target_layers = v->get<int>();
+  if (const auto* v = dflash_field(j, "num_target_layers")) d.num_target_layers = field_int(*v, "num_target_layers", path);
   else {
     d.num_target_layers = target.num_hidden_layers;
     d.guessed.push_back("num_target_layers=" + std::to_string(d.num_target_layers));
@@ -99,7 +112,7 @@ DrafterConfig infer_drafter_config(const Checkpoint& ckpt, const Qwen3Config& ta
     if (!v->is_array()) throw Error(path + ": field 'target_layer_ids' must be a list of integers");
     for (const auto& e : *v) {
       if (!e.is_number_integer()) throw Error(path + ": field 'target_layer_ids' must be a list of integers");
-      d.target_layer_ids.push_back(e.get<int>());
+      d.target_layer_ids.push_back(field_int(e, "target_layer_ids", path));
     }
   } else {
     d.target_layer_ids = default_target_layer_ids(d.num_target_layers, static_cast<int>(std::max<int64_t>(1, k_from_shape)));
@@ -108,7 +121,7 @@ DrafterConfig infer_drafter_config(const Checkpoint& ckpt, const Qwen3Config& ta
   }
   if (const auto* v = dflash_field(j, "mask_token_id")) {
     if (!v->is_number_integer()) throw Error(path + ": field 'mask_token_id' must be an integer");
-    d.mask_token_id = v->get<int>();
+    d.mask_token_id = field_int(*v, "mask_token_id", path);
   } else if (target_token_count > 0 && target_token_count < target.vocab_size) {
     d.mask_token_id = target_token_count;
     d.guessed.push_back("mask_token_id=" + std::to_string(d.mask_token_id));
@@ -187,7 +200,7 @@ std::unique_ptr<DFlashDrafter> DFlashDrafter::load(const std::string& dir, const
   const Qwen3Config& c = d->config_.layers;
   Backend& b = target.backend();
   const int64_t H = c.hidden_size, K = static_cast<int64_t>(d->config_.target_layer_ids.size());
-  d->rope_ = RopeTable(c.rope, c.head_dim);
+  d->rope_ = RopeTable(c.rope, c.head_dim, ckpt.config_path());
   d->fc_ = b.upload_weight({&ckpt.get("fc.weight", {H, K * target.config().hidden_size})});
   d->hidden_norm_ = b.upload_weight({&ckpt.get("hidden_norm.weight", {H})});
   d->final_norm_ = b.upload_weight({&ckpt.get("norm.weight", {H})});

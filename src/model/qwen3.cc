@@ -83,7 +83,7 @@ std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, Backend& b)
     throw Error(ckpt.config_path() + ": field 'architectures' is " + c.architecture +
                 ", this loader reads Qwen3ForCausalLM");
   m->generation_ = load_generation_config(dir, ckpt.config());
-  m->rope_ = RopeTable(c.rope, c.head_dim);
+  m->rope_ = RopeTable(c.rope, c.head_dim, ckpt.config_path());
   const int64_t V = c.vocab_size, H = c.hidden_size;
   m->embed_ = b.upload_weight({&ckpt.get("model.embed_tokens.weight", {V, H})});
   m->final_norm_ = b.upload_weight({&ckpt.get("model.norm.weight", {H})});

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "util/error.h"
+
 namespace dflash {
 
 namespace {
@@ -13,7 +15,7 @@ double yarn_mscale(double scale, double mscale) {
 }
 }  // namespace
 
-RopeTable::RopeTable(const RopeConfig& c, int head_dim) : head_dim_(head_dim) {
+RopeTable::RopeTable(const RopeConfig& c, int head_dim, const std::string& source) : head_dim_(head_dim) {
   const int half = head_dim / 2;
   inv_freq_.resize(half);
   const float base = static_cast<float>(c.theta);
@@ -69,6 +71,11 @@ RopeTable::RopeTable(const RopeConfig& c, int head_dim) : head_dim_(head_dim) {
       inv_freq_[i] = interpolated * (1 - extrapolation_weight) + extrapolated * extrapolation_weight;
     }
   }
+  const bool finite = std::isfinite(attention_scaling_) &&
+                      std::all_of(inv_freq_.begin(), inv_freq_.end(), [](float f) { return std::isfinite(f); });
+  if (!finite)
+    throw Error(source + ": the RoPE parameters (" + c.describe() + ") give rotation frequencies that are not finite numbers at head_dim " +
+                std::to_string(head_dim));
 }
 
 void RopeTable::ensure(int64_t n) {

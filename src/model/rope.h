@@ -2,6 +2,7 @@
 // Rotary position embedding tables, computed the way transformers computes them (inverse
 // frequencies and angles in float32) for the default, linear, yarn and llama3 types.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "io/config.h"
@@ -11,7 +12,9 @@ namespace dflash {
 class RopeTable {
  public:
   RopeTable() = default;
-  RopeTable(const RopeConfig& config, int head_dim);
+  // Throws dflash::Error, naming `source` (the config file), when the parameters give a
+  // frequency or scale that is not a finite number: transformers would rotate by NaN there.
+  RopeTable(const RopeConfig& config, int head_dim, const std::string& source = "rope");
 
   int head_dim() const { return head_dim_; }
   float attention_scaling() const { return attention_scaling_; }
