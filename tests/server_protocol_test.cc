@@ -77,6 +77,9 @@ TEST(ServerProtocol, RejectsBadRequests) {
   const Case cases[] = {
       {X, "{", "invalid_json", ""},
       {X, "null", "invalid_json", ""},
+      // A number past a double's range is nlohmann's out_of_range, not a parse_error: still the
+      // client's body (it was a 500 before fuzz_server_request found it).
+      {C, R"({"model":"m","prompt":"x","temperature":3e999})", "invalid_json", ""},
       {X, "\"\xc3\x28\"", "invalid_utf8", ""},
       {X, R"({"messages":[{"role":"user","content":"x"}]})", "missing_required_parameter", "model"},
       {X, R"({"model":1})", "invalid_type", "model"},

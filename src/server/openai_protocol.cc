@@ -220,7 +220,9 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
   ojson body;
   try {
     body = ojson::parse(body_text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Syntax errors, and numbers past a double's range (1e999 is out_of_range, not parse_error):
+    // both are the client's body.
     throw bad_request(std::string("the request body is not valid JSON: ") + e.what(), {}, "invalid_json");
   }
   if (!body.is_object()) throw bad_request("the request body must be a JSON object", {}, "invalid_json");
