@@ -52,6 +52,18 @@ nlohmann::json read_json(const std::filesystem::path& path) {
   }
 }
 
+// Runs `load`, turning nlohmann's type and range errors (a field of the wrong type read with
+// value() or get<>()) into an Error that names the file: the checks written out field by field
+// cover what transformers writes, this covers the rest.
+template <typename Load>
+void naming_the_file(const std::string& file, const Load& load) {
+  try {
+    load();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(file + ": a field has the wrong type or value: " + e.what());
+  }
+}
+
 const nlohmann::json& field(const nlohmann::json& obj, const char* name) {
   static const nlohmann::json null;
   auto it = obj.find(name);
@@ -95,79 +107,82 @@ Tokenizer Tokenizer::from_files(const std::filesystem::path& tokenizer_json,
   const std::string file = tokenizer_json.string();
   const nlohmann::json tj = read_json(tokenizer_json);
   if (!tj.is_object()) throw Error(file + ": expected a JSON object");
+  naming_the_file(file, [&] {
+    impl->model.load(field(tj, "model"), file);
+    if (!has_byte_level(field(tj, "pre_tokenizer")))
+      throw Error(file + ": pre_tokenizer: only byte-level BPE (a ByteLevel pre-tokenizer) is supported");
+    impl->normalizer = Normalizer::from_json(field(tj, "normalizer"), file + ": normalizer");
+    impl->pre_tokenizer = PreTokenizer::from_json(field(tj, "pre_tokenizer"), file + ": pre_tokenizer");
+    const auto& dec = field(tj, "decoder");
+    if (!dec.is_null() && !(dec.is_object() && dec.value("type", "") == "ByteLevel"))
+      throw Error(file + ": decoder.type: only the ByteLevel decoder is supported");
+    impl->vocab_size = impl->model.size();
 
-  impl->model.load(field(tj, "model"), file);
-  if (!has_byte_level(field(tj, "pre_tokenizer")))
-    throw Error(file + ": pre_tokenizer: only byte-level BPE (a ByteLevel pre-tokenizer) is supported");
-  impl->normalizer = Normalizer::from_json(field(tj, "normalizer"), file + ": normalizer");
-  impl->pre_tokenizer = PreTokenizer::from_json(field(tj, "pre_tokenizer"), file + ": pre_tokenizer");
-  const auto& dec = field(tj, "decoder");
-  if (!dec.is_null() && !(dec.is_object() && dec.value("type", "") == "ByteLevel"))
-    throw Error(file + ": decoder.type: only the ByteLevel decoder is supported");
-  impl->vocab_size = impl->model.size();
-
-  const auto& added = field(tj, "added_tokens");
-  if (!added.is_null() && !added.is_array()) throw Error(file + ": added_tokens: expected an array");
-  for (size_t i = 0; added.is_array() && i < added.size(); ++i) {
-    const auto& a = added[i];
-    const std::string at = file + ": added_tokens[" + std::to_string(i) + "]";
-    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
-        a["id"].get<int64_t>() > INT32_MAX)
-      throw Error(at + ".id: expected a non-negative integer");
-    if (!a.contains("content") || !a["content"].is_string()) throw Error(at + ".content: expected a string");
-    AddedToken t;
-    t.id = a["id"].get<int32_t>();
-    t.content = a["content"].get<std::string>();
-    t.special = a.value("special", false);
-    t.lstrip = a.value("lstrip", false);
-    t.rstrip = a.value("rstrip", false);
-    t.single_word = a.value("single_word", false);
-    t.normalized = a.value("normalized", !t.special);
-    impl->added_by_id[t.id] = impl->added.size();
-    impl->added_by_content[t.content] = t.id;
-    impl->added_bytes.push_back(byte_level::token_bytes(t.content));
-    impl->vocab_size = std::max(impl->vocab_size, static_cast<size_t>(t.id) + 1);
-    impl->added.push_back(std::move(t));
-  }
-  std::vector<const AddedToken*> raw, norm;
-  std::vector<std::string> raw_pat, norm_pat;
-  for (const auto& t : impl->added) {
-    if (t.normalized && impl->normalizer) {
-      norm.push_back(&t);
-      norm_pat.push_back(impl->normalizer->normalize(t.content));
-    } else {
-      raw.push_back(&t);
-      raw_pat.push_back(t.content);
+    const auto& added = field(tj, "added_tokens");
+    if (!added.is_null() && !added.is_array()) throw Error(file + ": added_tokens: expected an array");
+    for (size_t i = 0; added.is_array() && i < added.size(); ++i) {
+      const auto& a = added[i];
+      const std::string at = file + ": added_tokens[" + std::to_string(i) + "]";
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
+          a["id"].get<int64_t>() > INT32_MAX)
+        throw Error(at + ".id: expected a non-negative integer");
+      if (!a.contains("content") || !a["content"].is_string()) throw Error(at + ".content: expected a string");
+      AddedToken t;
+      t.id = a["id"].get<int32_t>();
+      t.content = a["content"].get<std::string>();
+      t.special = a.value("special", false);
+      t.lstrip = a.value("lstrip", false);
+      t.rstrip = a.value("rstrip", false);
+      t.single_word = a.value("single_word", false);
+      t.normalized = a.value("normalized", !t.special);
+      impl->added_by_id[t.id] = impl->added.size();
+      impl->added_by_content[t.content] = t.id;
+      impl->added_bytes.push_back(byte_level::token_bytes(t.content));
+      impl->vocab_size = std::max(impl->vocab_size, static_cast<size_t>(t.id) + 1);
+      impl->added.push_back(std::move(t));
     }
-  }
-  impl->raw_matcher.build(raw, raw_pat);
-  impl->normalized_matcher.build(norm, norm_pat);
-  impl->post.load(field(tj, "post_processor"), file + ": post_processor");
+    std::vector<const AddedToken*> raw, norm;
+    std::vector<std::string> raw_pat, norm_pat;
+    for (const auto& t : impl->added) {
+      if (t.normalized && impl->normalizer) {
+        norm.push_back(&t);
+        norm_pat.push_back(impl->normalizer->normalize(t.content));
+      } else {
+        raw.push_back(&t);
+        raw_pat.push_back(t.content);
+      }
+    }
+    impl->raw_matcher.build(raw, raw_pat);
+    impl->normalized_matcher.build(norm, norm_pat);
+    impl->post.load(field(tj, "post_processor"), file + ": post_processor");
+  });
 
   if (!config_path.empty()) {
     const std::string cfile = config_path.string();
     const nlohmann::json cfg = read_json(config_path);
     if (!cfg.is_object()) throw Error(cfile + ": expected a JSON object");
-    impl->bos_token = token_string(cfg, "bos_token", cfile);
-    impl->eos_token = token_string(cfg, "eos_token", cfile);
-    impl->pad_token = token_string(cfg, "pad_token", cfile);
-    const auto& abt = field(cfg, "add_bos_token");
-    if (!abt.is_null() && !abt.is_boolean()) throw Error(cfile + ": add_bos_token: expected a boolean");
-    impl->add_bos_token = abt.is_boolean() && abt.get<bool>();
-    const auto& ct = field(cfg, "chat_template");
-    if (ct.is_string()) {
-      impl->chat_template = ct.get<std::string>();
-    } else if (ct.is_array()) {
-      // Named templates: transformers uses "default" unless told otherwise.
-      for (const auto& t : ct)
-        if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
-          impl->chat_template = t["template"].get<std::string>();
-      if (impl->chat_template.empty()) throw Error(cfile + ": chat_template: no template named \"default\"");
-    } else if (!ct.is_null()) {
-      throw Error(cfile + ": chat_template: expected a string or a list of named templates");
-    }
-    if (!impl->chat_template.empty())
-      impl->compiled_template = std::make_unique<ChatTemplate>(impl->chat_template, cfile + ": chat_template");
+    naming_the_file(cfile, [&] {
+      impl->bos_token = token_string(cfg, "bos_token", cfile);
+      impl->eos_token = token_string(cfg, "eos_token", cfile);
+      impl->pad_token = token_string(cfg, "pad_token", cfile);
+      const auto& abt = field(cfg, "add_bos_token");
+      if (!abt.is_null() && !abt.is_boolean()) throw Error(cfile + ": add_bos_token: expected a boolean");
+      impl->add_bos_token = abt.is_boolean() && abt.get<bool>();
+      const auto& ct = field(cfg, "chat_template");
+      if (ct.is_string()) {
+        impl->chat_template = ct.get<std::string>();
+      } else if (ct.is_array()) {
+        // Named templates: transformers uses "default" unless told otherwise.
+        for (const auto& t : ct)
+          if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+            impl->chat_template = t["template"].get<std::string>();
+        if (impl->chat_template.empty()) throw Error(cfile + ": chat_template: no template named \"default\"");
+      } else if (!ct.is_null()) {
+        throw Error(cfile + ": chat_template: expected a string or a list of named templates");
+      }
+      if (!impl->chat_template.empty())
+        impl->compiled_template = std::make_unique<ChatTemplate>(impl->chat_template, cfile + ": chat_template");
+    });
   }
   return Tokenizer(std::move(impl));
 }

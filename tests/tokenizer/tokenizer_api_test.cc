@@ -137,6 +137,21 @@ TEST_F(BadFiles, BadConfigField) {
   EXPECT_NE(load_error().find("tokenizer_config.json: chat_template"), std::string::npos);
 }
 
+// Fields read with nlohmann's value() or get<>() used to let a wrong type escape as its
+// type_error, naming no file.
+TEST_F(BadFiles, WrongTypedFieldsNameTheFile) {
+  std::string s = minimal(R"(["a", "b"])");
+  const std::string empty_added = R"("added_tokens": [])";
+  s.replace(s.find(empty_added), empty_added.size(), R"("added_tokens": [{"id": 4, "content": "<x>", "special": "yes"}])");
+  write("tokenizer.json", s);
+  std::string err = load_error();
+  EXPECT_NE(err.find("tokenizer.json: a field has the wrong type or value"), std::string::npos) << err;
+  write("tokenizer.json", minimal(R"(["a", "b"])"));
+  write("tokenizer_config.json", R"({"chat_template": [{"name": 7, "template": "x"}]})");
+  err = load_error();
+  EXPECT_NE(err.find("tokenizer_config.json: a field has the wrong type or value"), std::string::npos) << err;
+}
+
 TEST_F(BadFiles, MinimalTokenizerWorksWithPairMerges) {
   write("tokenizer.json", minimal(R"(["a", "b"])"));
   const Tokenizer tok = Tokenizer::from_dir(dir_);
