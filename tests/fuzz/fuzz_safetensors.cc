@@ -1,8 +1,9 @@
 // libFuzzer target over what `inspect` and every loader read before touching a weight: the
 // safetensors header (parse_safetensors on bytes in memory) and config.json-like JSON
-// (parse_qwen3_config, parse_rope, parse_generation_config). Any input must either parse into
-// something whose invariants hold or fail with one one-line dflash::Error; nothing else may
-// escape, and nothing may crash. The first byte picks the mode.
+// (parse_qwen3_config, parse_rope and the RoPE table it gives, parse_generation_config). Any
+// input must either parse into something whose invariants hold or fail with one one-line
+// dflash::Error; nothing else may escape, and nothing may crash. The first byte picks the mode.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -10,33 +11,23 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "fuzz_checks.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/rope.h"
 #include "util/error.h"
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "fuzz_safetensors: check failed: %s\n", what);
-    std::abort();
-  }
-}
-
-// Errors end up in logs and on terminals line by line; a newline smuggled in through a
-// tensor or field name would forge extra lines.
-void check_error(const dflash::Error& e) {
-  const std::string m = e.what();
-  check(!m.empty(), "empty error message");
-  check(m.find('\n') == std::string::npos && m.find('\r') == std::string::npos, "multi-line error message");
-}
+using dflash::fuzz::check;
+using dflash::fuzz::check_one_line;
 
 void fuzz_header(const uint8_t* data, size_t size) {
   std::map<std::string, dflash::TensorInfo> tensors;
   try {
     tensors = dflash::parse_safetensors(data, size, "fuzz.safetensors");
   } catch (const dflash::Error& e) {
-    check_error(e);
+    check_one_line(e);
     return;
   }
   // Accepted: every tensor must lie inside the buffer and match its shape, so later code can
@@ -66,17 +57,21 @@ void fuzz_config(const uint8_t* data, size_t size) {
     check(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, "bad head grouping accepted");
     check(c.head_dim % 2 == 0, "odd head_dim accepted");
   } catch (const dflash::Error& e) {
-    check_error(e);
+    check_one_line(e);
   }
   try {
-    dflash::parse_rope(j, 4096, path);
+    // Accepted parameters must give finite frequencies, or be refused when the table is built.
+    const dflash::RopeConfig r = dflash::parse_rope(j, 4096, path);
+    const dflash::RopeTable table(r, 64, path);
+    check(std::isfinite(table.attention_scaling()), "non-finite RoPE scaling accepted");
+    for (float f : table.inv_freq()) check(std::isfinite(f), "non-finite RoPE frequency accepted");
   } catch (const dflash::Error& e) {
-    check_error(e);
+    check_one_line(e);
   }
   try {
     dflash::parse_generation_config(j, path);
   } catch (const dflash::Error& e) {
-    check_error(e);
+    check_one_line(e);
   }
 }
 

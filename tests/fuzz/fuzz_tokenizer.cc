@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_checks.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -15,17 +16,12 @@
 
 namespace {
 
+using dflash::fuzz::check;
+
 const dflash::Tokenizer& tokenizer() {
   static const dflash::Tokenizer tok =
       dflash::Tokenizer::from_dir(DFLASH_TOKENIZER_DATA "/llama3.1");
   return tok;
-}
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "fuzz_tokenizer: check failed: %s\n", what);
-    std::abort();
-  }
 }
 
 void fuzz_encode(const std::string& text) {
