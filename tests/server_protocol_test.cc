@@ -80,6 +80,12 @@ TEST(ServerProtocol, RejectsBadRequests) {
       // A number past a double's range is nlohmann's out_of_range, not a parse_error: still the
       // client's body (it was a 500 before fuzz_server_request found it).
       {C, R"({"model":"m","prompt":"x","temperature":3e999})", "invalid_json", ""},
+      // A content part's or response_format's "type" of another type than a string was read with
+      // nlohmann's value() and escaped as its type_error, a 500 (fuzz_server_request's edits).
+      {X, R"({"model":"m","messages":[{"role":"user","content":[{"type":7,"text":"x"}]}]})", "invalid_type",
+       "messages[0].content[0].type"},
+      {X, R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":1}})", "invalid_type",
+       "response_format.type"},
       {X, "\"\xc3\x28\"", "invalid_utf8", ""},
       {X, R"({"messages":[{"role":"user","content":"x"}]})", "missing_required_parameter", "model"},
       {X, R"({"model":1})", "invalid_type", "model"},

@@ -30,6 +30,14 @@ const ojson* find(const ojson& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+// An optional string field of `obj`; `param` names it in the error when it is another type.
+std::optional<std::string> get_string(const ojson& obj, const char* name, const std::string& param) {
+  const ojson* v = find(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) throw wrong_type(param, "a string", *v);
+  return v->get<std::string>();
+}
+
 std::optional<int64_t> get_int(const ojson& body, const char* name) {
   const ojson* v = find(body, name);
   if (!v) return std::nullopt;
@@ -85,7 +93,7 @@ void reject_unsupported(const ojson& body, Endpoint e) {
     throw unsupported("functions", "functions");
   if (const ojson* rf = find(body, "response_format")) {
     if (!rf->is_object()) throw wrong_type("response_format", "an object", *rf);
-    if (rf->value("type", std::string("text")) != "text")
+    if (get_string(*rf, "type", "response_format.type").value_or("text") != "text")
       throw unsupported("response_format", "response_format other than {\"type\": \"text\"}");
   }
   (void)e;
@@ -99,7 +107,7 @@ std::string message_content(const ojson& content, const std::string& at) {
     const ojson& part = content[i];
     const std::string pat = at + "[" + std::to_string(i) + "]";
     if (!part.is_object()) throw wrong_type(pat, "an object", part);
-    const std::string type = part.value("type", std::string());
+    const std::string type = get_string(part, "type", pat + ".type").value_or("");
     if (type != "text") throw bad_request(pat + ".type: only \"text\" parts are supported, got \"" + type + "\"", pat,
                                           "unsupported_content");
     auto t = part.find("text");
