@@ -2,14 +2,18 @@
 // parse_completion_request (both endpoints) and prepare_prompt (the chat template, the
 // tokenizer, the context check), with the error written as the HTTP layer writes it. Any body
 // must either become a prompt whose invariants hold or fail with an ApiError whose JSON can be
-// written; nothing else may escape, and nothing may crash. The first byte picks the endpoint.
+// written; nothing else may escape, and nothing may crash. The first byte picks the endpoint
+// (bit 0) and whether the body is the input's bytes (bit 1) or a valid request of that endpoint
+// with the input's edits (json_edits.h).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "fuzz_checks.h"
+#include "json_edits.h"
 #include "server/openai_protocol.h"
 #include "server/prompt.h"
 #include "tokenizer/tokenizer.h"
@@ -70,13 +74,38 @@ void fuzz_body(Endpoint endpoint, const std::string& body) {
   check(r.sampling.temperature >= 0 && r.sampling.top_p > 0 && r.sampling.top_p <= 1, "sampling parameter out of range");
 }
 
+// A request of each endpoint with every field the parser reads, and those fields, for the edits.
+const nlohmann::json kCompletion = {
+    {"model", "m"}, {"prompt", "def f(x):"}, {"max_tokens", 8}, {"temperature", 0.7}, {"top_p", 0.9},
+    {"top_k", 5}, {"min_p", 0.1}, {"presence_penalty", 0.5}, {"frequency_penalty", 0.5},
+    {"repetition_penalty", 1.1}, {"logit_bias", {{"42", -100}}}, {"stop", {"\n\n"}}, {"stream", true},
+    {"stream_options", {{"include_usage", true}}}, {"seed", 7}, {"ignore_eos", false}, {"n", 1}, {"echo", false}};
+const nlohmann::json kChat = {
+    {"model", "m"},
+    {"messages", {{{"role", "system"}, {"content", "Be brief."}},
+                  {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}}}}}}},
+    {"max_completion_tokens", 16}, {"chat_template_kwargs", {{"enable_thinking", false}}}, {"temperature", 0.0}};
+const std::vector<std::string> kFields = {
+    "/model", "/prompt", "/prompt/0", "/max_tokens", "/max_completion_tokens", "/temperature", "/top_p",
+    "/top_k", "/min_p", "/presence_penalty", "/frequency_penalty", "/repetition_penalty", "/logit_bias",
+    "/logit_bias/42", "/stop", "/stop/0", "/stream", "/stream_options", "/stream_options/include_usage",
+    "/seed", "/ignore_eos", "/n", "/echo", "/logprobs", "/best_of", "/suffix", "/tools", "/response_format",
+    "/messages", "/messages/0", "/messages/0/role", "/messages/0/content", "/messages/1/content",
+    "/messages/1/content/0", "/messages/1/content/0/type", "/messages/1/content/0/text", "/messages/2",
+    "/chat_template_kwargs", "/chat_template_kwargs/enable_thinking"};
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const Endpoint endpoint = data[0] % 2 ? Endpoint::ChatCompletions : Endpoint::Completions;
-  // A copy of exactly the body, so that ASan sees any read past its end.
-  const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
-  fuzz_body(endpoint, body);
+  const Endpoint endpoint = data[0] & 1 ? Endpoint::ChatCompletions : Endpoint::Completions;
+  if (data[0] & 2) {
+    // A copy of exactly the body, so that ASan sees any read past its end.
+    fuzz_body(endpoint, std::string(reinterpret_cast<const char*>(data + 1), size - 1));
+  } else {
+    nlohmann::json doc = endpoint == Endpoint::ChatCompletions ? kChat : kCompletion;
+    dflash::fuzz::apply_json_edits(doc, kFields, data + 1, size - 1);
+    fuzz_body(endpoint, doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
   return 0;
 }
