@@ -74,8 +74,8 @@ RopeTable::RopeTable(const RopeConfig& c, int head_dim, const std::string& sourc
   const bool finite = std::isfinite(attention_scaling_) &&
                       std::all_of(inv_freq_.begin(), inv_freq_.end(), [](float f) { return std::isfinite(f); });
   if (!finite)
-    throw Error(source + ": the RoPE parameters (" + c.describe() + ") give rotation frequencies that are not finite numbers at head_dim " +
-                std::to_string(head_dim));
+    throw Error(source + ": the RoPE parameters (" + c.describe() +
+                ") give rotation frequencies that are not finite numbers at head_dim " + std::to_string(head_dim));
 }
 
 void RopeTable::ensure(int64_t n) {
