@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/validators.h"
 #ifdef DFLASH_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -354,7 +355,7 @@ RegisterCommand reg("bench", "Benchmark plain against speculative decoding over 
   add_model_options(sub, a->model);
   sub.add_option("--prompts", a->prompts_file, "JSON lines: {\"prompt\": text} or {\"prompt_ids\": [...]}, optional \"name\", \"max_new_tokens\"");
   sub.add_option("--prompt-ids", a->prompt_ids, "One prompt as comma-separated token ids");
-  sub.add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens per prompt (default 128)")->check(CLI::PositiveNumber);
+  sub.add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens per prompt (default 128)")->check(positive());
   sub.add_option("--prefill-runs", a->prefill_runs,
                  "Time the longest prompt's prefill this many times and print the median (default 5; 0 skips it)")
       ->check(CLI::Range(0, 1000));
@@ -362,7 +363,7 @@ RegisterCommand reg("bench", "Benchmark plain against speculative decoding over 
                  "Untimed runs of the first prompt (plain and speculative) before the timed ones (default 1)")
       ->check(CLI::Range(0, 100));
   sub.add_option("--warmup-tokens", a->warmup_tokens, "New tokens of each warm-up run (default 16)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   sub.add_flag("--chat", a->chat, "Wrap text prompts in the chat template");
   sub.add_flag("--ignore-eos", a->ignore_eos, "Generate max-new-tokens even past end-of-sequence");
   sub.add_flag("--bandwidth", a->bandwidth, "Also measure copy bandwidth and the plain-decode bound");

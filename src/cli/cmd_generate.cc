@@ -4,6 +4,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/validators.h"
 #include "engine/generation.h"
 
 namespace dflash::cli {
@@ -47,7 +48,7 @@ RegisterCommand reg("generate", "Generate text from a prompt (DFlash speculative
   add_model_options(sub, a->model);
   add_prompt_options(sub, a->prompt);
   add_sampling_options(sub, a->sampling);
-  sub.add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens to generate at most")->check(CLI::PositiveNumber);
+  sub.add_option("-n,--max-new-tokens", a->max_new_tokens, "Tokens to generate at most")->check(positive());
   sub.add_flag("--ignore-eos", a->ignore_eos, "Do not stop at end-of-sequence tokens");
   sub.add_flag("--compare-plain", a->compare_plain, "Also run plain decoding and print the speedup");
   return [a] { return run_generate(*a); };

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/validators.h"
 #include "model/inspect.h"
 #include "util/error.h"
 
@@ -89,7 +90,7 @@ RegisterCommand reg("inspect",
   sub.add_option("--write-config", a->write_config,
                  "Write a config.json for the drafter (needs --target); guessed fields are listed in it");
   sub.add_option("--target-layer-ids", a->target_layer_ids, "Known target_layer_ids, e.g. 1,9,17,25,33");
-  sub.add_option("--mask-token-id", a->mask_token_id, "Known mask_token_id")->check(CLI::NonNegativeNumber);
+  sub.add_option("--mask-token-id", a->mask_token_id, "Known mask_token_id")->check(non_negative());
   sub.add_option("--block-size", a->block_size, "Known block_size")->check(CLI::Range(2, 64));
   sub.add_flag("--json", a->json, "Print JSON instead of text");
   sub.add_flag("--no-tensors", a->no_tensors, "Leave out the per-tensor table");

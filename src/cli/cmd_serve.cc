@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/validators.h"
 #include "server/http_server.h"
 #include "util/error.h"
 
@@ -87,19 +88,19 @@ RegisterCommand reg("serve", "OpenAI-compatible HTTP server (/v1/completions, /v
       ->capture_default_str();
   sub.add_option("--request-timeout", s.request_timeout,
                  "Seconds a request may take from arrival, queueing included (0: no limit)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative())->capture_default_str();
   sub.add_option("--max-body-bytes", s.max_body_bytes, "Largest request body; larger gets 413")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive())->capture_default_str();
   sub.add_option("--http-threads", s.http_threads, "HTTP worker threads (0: max-queue + 16)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   sub.add_option("--default-max-tokens", s.default_max_tokens,
                  "Chat completions without max_tokens generate at most this many (0: the rest of the context)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   sub.add_option("--shutdown-grace", s.shutdown_grace,
-                 "Seconds in-flight requests get to finish after SIGTERM")->check(CLI::NonNegativeNumber)
+                 "Seconds in-flight requests get to finish after SIGTERM")->check(non_negative())
       ->capture_default_str();
   // Tests only: slows each commit so that concurrent requests reliably overlap.
-  sub.add_option("--test-slowdown-ms", s.slowdown_ms)->group("")->check(CLI::NonNegativeNumber);
+  sub.add_option("--test-slowdown-ms", s.slowdown_ms)->group("")->check(non_negative());
   return [a] { return run_serve(*a); };
 });
 

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "cli/validators.h"
 #include "util/error.h"
 
 namespace dflash::cli {
@@ -52,9 +53,9 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
   app.add_option("-b,--block-size", a.block_size, "Most rows verified per speculative step (2 to 32; default: the drafter's block). The drafter always drafts at least the block it was trained on")
       ->check(CLI::Range(2, 32));
   app.add_option("-c,--ctx-size", a.context_length, "Context length (default: the model's maximum)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   app.add_flag("--no-adaptive", a.no_adaptive, "Keep the block size fixed even when speculation does not pay");
-  app.add_option("-t,--threads", a.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", a.threads, "CPU threads (default: all cores)")->check(non_negative());
   app.add_option("--forced-acceptance", a.forced_acceptance,
                  "BENCHMARK ONLY: commit exactly this many tokens per step whatever the target says "
                  "(output is not the target's)")
@@ -71,8 +72,8 @@ void add_prompt_options(CLI::App& app, PromptArgs& a) {
 }
 
 void add_sampling_options(CLI::App& app, SamplingArgs& a) {
-  app.add_option("--temperature", a.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
-  app.add_option("--top-k", a.top_k, "0 = off")->check(CLI::NonNegativeNumber);
+  app.add_option("--temperature", a.temperature, "0 = greedy")->check(non_negative());
+  app.add_option("--top-k", a.top_k, "0 = off")->check(non_negative());
   app.add_option("--top-p", a.top_p)->check(CLI::Range(0.0, 1.0));
   app.add_option("--min-p", a.min_p)->check(CLI::Range(0.0, 1.0));
   app.add_option("--repetition-penalty", a.repetition_penalty);
