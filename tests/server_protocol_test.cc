@@ -211,6 +211,28 @@ TEST(ServerPrompt, BudgetsAgainstTheContext) {
   EXPECT_EQ(c.max_tokens, 32 - int(c.ids.size()));  // chat default: the rest of the context
 }
 
+// A tokenizer made for a larger vocabulary than the model's: the text's ids are refused up
+// front, naming the parameter, instead of reaching the engine.
+TEST(ServerPrompt, TextWhoseIdsTheModelLacksIsRefused) {
+  PromptLimits limits{100, 256, 0, nullptr};  // the byte tokenizer gives 'z' = 122
+  for (auto [endpoint, body, param] :
+       {std::tuple{Endpoint::Completions, R"({"model":"m","prompt":"az"})", "prompt"},
+        std::tuple{Endpoint::ChatCompletions, R"({"model":"m","messages":[{"role":"user","content":"z"}]})",
+                   "messages"}}) {
+    auto r = parse_completion_request(endpoint, body);
+    try {
+      prepare_prompt(r, byte_tokenizer(), limits);
+      FAIL() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code, "invalid_token_id");
+      EXPECT_EQ(e.param, param);
+      EXPECT_NE(std::string(e.what()).find("token id 1"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("do not match"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ServerQueue, FifoWithBoundedDepthAndShutdownRefusal) {
   std::mutex mu;
   std::condition_variable cv;

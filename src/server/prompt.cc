@@ -65,12 +65,18 @@ PreparedPrompt prepare_prompt(const CompletionRequest& r, const Tokenizer& tok, 
     }
   } else {
     p.ids = r.prompt_ids;
-    for (int32_t id : p.ids)
-      if (id >= limits.vocab_size)
-        throw bad_request("prompt: token id " + std::to_string(id) + " is outside the vocabulary (0 ... " +
-                              std::to_string(limits.vocab_size - 1) + ")",
-                          "prompt", "invalid_token_id");
   }
+  const bool ids_given = !chat && !r.prompt_text;
+  for (int32_t id : p.ids)
+    if (id >= limits.vocab_size)
+      // Text whose ids the model lacks means the tokenizer was made for another model; saying
+      // so here names the parameter, where the engine's own check could only name the id.
+      throw bad_request(ids_given ? "prompt: token id " + std::to_string(id) + " is outside the vocabulary (0 ... " +
+                                        std::to_string(limits.vocab_size - 1) + ")"
+                                  : std::string(prompt_param) + ": the tokenizer gave token id " + std::to_string(id) +
+                                        ", which this model's embedding lacks (vocab_size " +
+                                        std::to_string(limits.vocab_size) + "): the tokenizer and model do not match",
+                        prompt_param, "invalid_token_id");
   if (p.ids.empty()) throw bad_request("the prompt is empty: at least one token is needed", prompt_param, "empty_prompt");
   for (const auto& [id, bias] : r.sampling.logit_bias)
     if (id >= limits.vocab_size)
