@@ -933,6 +933,22 @@ int run_doctor(const DoctorArgs& a) {
                     M, K, N, K, b.launches, b.us[0], b.gbs[0], b.us[1], b.gbs[1], b.us[2], b.gbs[2], b.us[3],
                     b.gbs[3], b.max_rel_diff, b.max_rel_diff > 1e-4 ? " (MORE THAN SUMMATION ORDER EXPLAINS)" : "");
       }
+    // The same products as one stream across a whole step (the ring never refilled from cold
+    // between products), with and without the barriers the products' dependencies need,
+    // against the backend's launches: what item 0's persistent step would have to work with.
+    for (const int M : {1, 16}) {
+      const cuda::StepStreamRates t = cuda::step_stream_probe(M, 36, bw / 1e9);
+      if (!t.ran) continue;
+      std::printf("products of a step (Qwen3-8B shapes, %d layers and the LM head: %d products, %.2f GB) on %d "
+                  "row%s: the backend's launches %.3f ms = %.0f GB/s (%.1f %% of the copy figure); one stream of "
+                  "bulk copies, %d blocks, a grid barrier after each product %.3f ms = %.0f GB/s (%.1f %%); without "
+                  "the barriers %.3f ms = %.0f GB/s (%.1f %%); outputs differ by %.2e of the largest%s%s\n",
+                  t.layers, t.products, t.weight_bytes / 1e9, M, M == 1 ? "" : "s", t.ms[0], t.gbs[0],
+                  100 * t.of_copy[0], t.blocks, t.ms[1], t.gbs[1], 100 * t.of_copy[1], t.ms[2], t.gbs[2],
+                  100 * t.of_copy[2], t.max_rel_diff,
+                  t.max_rel_diff > 1e-4 ? " (MORE THAN SUMMATION ORDER EXPLAINS)" : "",
+                  t.stuck ? " (A BARRIER GAVE UP WAITING: the times are not valid)" : "");
+    }
     // Whether bytes staged into L2 ahead of a read are found there (weights staged during the
     // short kernels, fifteenth pass: they were not): an o_proj-sized and a half-L2-sized read,
     // cold and after each way of staging it.

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/bulk_ring.cuh"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "util/dtype.h"
@@ -178,45 +179,6 @@ __global__ void __launch_bounds__(128) rows_smem_kernel(const char* __restrict__
 // the block reads each landed tile from shared memory, and the tile is refilled once every
 // thread is past it. A few instructions keep a whole tile in flight, where 16-byte loads need
 // a register each.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// The ring's moves, shared by the bulk kernels: thread 0 sets up the STAGES mbarriers (and the
-// block waits for that); one bulk copy of `bytes` into a stage, completing the stage's
-// mbarrier; the wait for a stage's mbarrier to complete with `parity`.
-template <int STAGES>
-__device__ __forceinline__ void ring_init(uint64_t (&landed)[STAGES]) {
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&landed[s])));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-}
-// A stage's refill in two moves, for a stage filled by several copies (bulk_product_kernel):
-// the bytes the stage's mbarrier is to expect, then each copy completing on it.
-__device__ __forceinline__ void ring_expect(uint64_t* landed, int bytes) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(landed)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void ring_copy(unsigned char* dst, uint64_t* landed, const void* src, int bytes) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(landed))
-               : "memory");
-}
-__device__ __forceinline__ void ring_issue(unsigned char* stage, uint64_t* landed, const char* src, int bytes) {
-  ring_expect(landed, bytes);
-  ring_copy(stage, landed, src, bytes);
-}
-__device__ __forceinline__ void ring_wait(uint64_t* landed, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
-                 : "=r"(done)
-                 : "r"(smem_addr(landed)), "r"(parity)
-                 : "memory");
-}
 // Copy j of a ring of STAGES stages of TILE bytes, read by the block once it has landed (its
 // words XORed into acc, so that the loads cannot be left out); the stage is free again after
 // the barrier at the end.
@@ -393,14 +355,6 @@ __global__ void spin_kernel(long long cycles) {
 // every M). What the design that would let products hand tiles to each other without a
 // release waiting on the weight stream (docs/cuda.md, What remains, item 0) reads at, measured
 // on the products' own shapes before anything is built on it.
-constexpr int kBulkRows = 16;
-// SK columns a stage (2·SK bytes a row, one copy each), ST stages in the ring; LANES: warp 0's
-// first 16 lanes issue a stage's 16 copies at once instead of thread 0 one after another.
-template <int SK>
-__host__ __device__ constexpr int bulk_row_pitch() { return 2 * SK + 64; }  // bytes: rows g and g + 1 on opposite bank halves
-template <int SK, int ST>
-__host__ __device__ constexpr int bulk_ring_bytes() { return ST * kBulkRows * bulk_row_pitch<SK>(); }
-
 template <int SK, int ST, bool LANES>
 __global__ void __launch_bounds__(256, 2) bulk_product_kernel(const __nv_bfloat16* __restrict__ x,
                                                               const __nv_bfloat16* __restrict__ w,
