@@ -942,10 +942,11 @@ int run_doctor(const DoctorArgs& a) {
       std::printf("products of a step (Qwen3-8B shapes, %d layers and the LM head: %d products, %.2f GB) on %d "
                   "row%s: the backend's launches %.3f ms = %.0f GB/s (%.1f %% of the copy figure); one stream of "
                   "bulk copies, %d blocks, a grid barrier after each product %.3f ms = %.0f GB/s (%.1f %%); without "
-                  "the barriers %.3f ms = %.0f GB/s (%.1f %%); outputs differ by %.2e of the largest%s%s\n",
+                  "the barriers %.3f ms = %.0f GB/s (%.1f %%); units column stage first, x kept: with the barriers %.3f ms "
+                  "(%.1f %%), without %.3f ms (%.1f %%); outputs differ by %.2e of the largest%s%s\n",
                   t.layers, t.products, t.weight_bytes / 1e9, M, M == 1 ? "" : "s", t.ms[0], t.gbs[0],
                   100 * t.of_copy[0], t.blocks, t.ms[1], t.gbs[1], 100 * t.of_copy[1], t.ms[2], t.gbs[2],
-                  100 * t.of_copy[2], t.max_rel_diff,
+                  100 * t.of_copy[2], t.ms[3], 100 * t.of_copy[3], t.ms[4], 100 * t.of_copy[4], t.max_rel_diff,
                   t.max_rel_diff > 1e-4 ? " (MORE THAN SUMMATION ORDER EXPLAINS)" : "",
                   t.stuck ? " (A BARRIER GAVE UP WAITING: the times are not valid)" : "");
     }

@@ -80,14 +80,15 @@ BulkProductRates bulk_product_probe(int M, int N, int K);
 // then the LM head) on M rows, three ways over the same weights (step_stream_probe.cu): 0 the
 // backend's kernel launched a product at a time; 1 one cooperative kernel streaming every
 // weight through a ring of bulk copies that runs on across products, with a grid barrier after
-// each product; 2 the same without the barriers. ms for all the products (best of several),
+// each product; 2 the same without the barriers; 3 and 4 as 1 and 2 with each product's units
+// taken column stage first, x kept in registers while the stage stays. ms for all the products (best of several),
 // GB/s of weights and that over `copy_gbs`; the largest difference between the stream's sums
 // and the backend's over the backend's largest output; `stuck` if a barrier gave up waiting.
 // `ran` false where the device has no sm_90 or cooperative launch.
 struct StepStreamRates {
   int M = 0, layers = 0, products = 0, blocks = 0;
   bool ran = false, stuck = false;
-  double weight_bytes = 0, ms[3] = {}, gbs[3] = {}, of_copy[3] = {};
+  double weight_bytes = 0, ms[5] = {}, gbs[5] = {}, of_copy[5] = {};
   double max_rel_diff = 0;
 };
 StepStreamRates step_stream_probe(int M, int layers, double copy_gbs);

@@ -39,8 +39,11 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 // tiles still spreads over every block. Each block walks its units of product 0, 1, … with
 // one ring of ST stages kept in flight across them; BARRIERS: every block waits at a grid
 // barrier after each product, as a step's products depend on each other (without: the
-// stream's own rate).
-template <int SK, int ST, bool BARRIERS>
+// stream's own rate). KS_MAJOR: units numbered column stage first (u = ks · tiles + tile), so
+// that a block's consecutive units of a product mostly share their stage of x, which the warps
+// then keep in registers instead of reading it from L2 again (at 16 rows x's bytes a unit
+// equal w's).
+template <int SK, int ST, bool BARRIERS, bool KS_MAJOR>
 __global__ void __launch_bounds__(256, 2) step_stream_kernel(const StreamProduct* __restrict__ products, int P,
                                                              const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                                              int M, unsigned* arrived, unsigned* stuck) {
@@ -71,7 +74,8 @@ __global__ void __launch_bounds__(256, 2) step_stream_kernel(const StreamProduct
     if (ii >= in) return;
     const int S = iq.K / SK;
     const int64_t u = b + ii * G;
-    const int64_t row0 = (u / S) * kBulkRows, k0 = int64_t(u % S) * SK;
+    const int64_t tiles = iq.N / kBulkRows;
+    const int64_t row0 = (KS_MAJOR ? u % tiles : u / S) * kBulkRows, k0 = int64_t(KS_MAJOR ? u / tiles : u % S) * SK;
     const int s = int(j % ST);
     unsigned char* stage = ring + s * kStageBytes;
     ring_expect(&landed[s], kBulkRows * SK * 2);
@@ -90,17 +94,22 @@ __global__ void __launch_bounds__(256, 2) step_stream_kernel(const StreamProduct
     const StreamProduct q = products[p];
     const int64_t n = units_of(q);
     const int S = q.K / SK;
+    const int64_t tiles = q.N / kBulkRows;
+    uint4 a[kWarpChunks][2];  // x for the warp's chunks of stage a_ks, loaded before the wait
+    int a_ks = -1;
     for (int64_t i = 0; i < n; ++i, ++j) {
       const int64_t u = b + i * G;
-      const int64_t tile = u / S;
-      const int ks = int(u % S);
+      const int64_t tile = KS_MAJOR ? u % tiles : u / S;
+      const int ks = int(KS_MAJOR ? u / tiles : u % S);
       const int s = int(j % ST);
-      uint4 a[kWarpChunks][2];  // x for the warp's chunks, loaded before the wait
+      if (ks != a_ks) {
 #pragma unroll
-      for (int cc = 0; cc < kWarpChunks; ++cc) {
-        const int64_t col = int64_t(ks) * SK + (kWarpChunks * warp + cc) * 32 + t * 8;
-        a[cc][0] = in0 ? __ldg(reinterpret_cast<const uint4*>(xrow0 + col)) : make_uint4(0, 0, 0, 0);
-        a[cc][1] = in1 ? __ldg(reinterpret_cast<const uint4*>(xrow1 + col)) : make_uint4(0, 0, 0, 0);
+        for (int cc = 0; cc < kWarpChunks; ++cc) {
+          const int64_t col = int64_t(ks) * SK + (kWarpChunks * warp + cc) * 32 + t * 8;
+          a[cc][0] = in0 ? __ldg(reinterpret_cast<const uint4*>(xrow0 + col)) : make_uint4(0, 0, 0, 0);
+          a[cc][1] = in1 ? __ldg(reinterpret_cast<const uint4*>(xrow1 + col)) : make_uint4(0, 0, 0, 0);
+        }
+        a_ks = ks;
       }
       ring_wait(&landed[s], uint32_t(j / ST) & 1u);
       const unsigned char* stage = ring + s * kStageBytes;
@@ -221,15 +230,16 @@ StepStreamRates step_stream_probe(int M, int layers, double copy_gbs) {
   check(cudaMemcpy(descs.as(), host.data(), sizeof(StreamProduct) * P, cudaMemcpyHostToDevice), "step stream",
         "cudaMemcpy");
 
-  constexpr auto with_barriers = step_stream_kernel<kSK, kST, true>;
-  constexpr auto no_barriers = step_stream_kernel<kSK, kST, false>;
+  // Ways 1-4 (StepStreamRates): with barriers, without, and the two again column stage first.
+  constexpr decltype(&step_stream_kernel<kSK, kST, true, false>) kernels[5] = {
+      nullptr, step_stream_kernel<kSK, kST, true, false>, step_stream_kernel<kSK, kST, false, false>,
+      step_stream_kernel<kSK, kST, true, true>, step_stream_kernel<kSK, kST, false, true>};
   constexpr int ring = bulk_ring_bytes<kSK, kST>();
   int per_sm = 0;
-  for (auto k : {with_barriers, no_barriers})
-    check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, ring), "step stream",
+  for (int way = 1; way < 5; ++way)
+    check(cudaFuncSetAttribute(kernels[way], cudaFuncAttributeMaxDynamicSharedMemorySize, ring), "step stream",
           "cudaFuncSetAttribute");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, with_barriers, 256, ring), "step stream",
-        "occupancy");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernels[1], 256, ring), "step stream", "occupancy");
   if (per_sm < 1) return r;
   r.blocks = std::min(per_sm, 2) * prop.multiProcessorCount;
 
@@ -251,7 +261,7 @@ StepStreamRates step_stream_probe(int M, int layers, double copy_gbs) {
       check(cudaMemsetAsync(arrived, 0, 4, s), "step stream", "cudaMemsetAsync");
       int m = M, p = P;
       void* args[] = {&dp, &p, &xp, &ldx, &m, &arrived, &stuck};
-      check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(way == 1 ? with_barriers : no_barriers),
+      check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernels[way]),
                                         unsigned(r.blocks), 256u, args, size_t(ring), s),
             "step stream", "cooperative kernel launch");
     }
@@ -272,13 +282,13 @@ StepStreamRates step_stream_probe(int M, int layers, double copy_gbs) {
     return best;
   };
   for (int round = 0; round < 2; ++round)  // alternating, so that no way gets the warmer device
-    for (int way = 0; way < 3; ++way) r.ms[way] = std::min(round ? r.ms[way] : 1e30, time_ms(way));
+    for (int way = 0; way < 5; ++way) r.ms[way] = std::min(round ? r.ms[way] : 1e30, time_ms(way));
   unsigned was_stuck = 0;
   check(cudaMemcpy(&was_stuck, stuck, 4, cudaMemcpyDeviceToHost), "step stream", "cudaMemcpy");
   r.stuck = was_stuck != 0;
 
   // The stream's partial sums added in order, against the backend's outputs of the last layer's
-  // products and the head (the last way run was the stream without barriers; both write alike).
+  // products and the head (the last way run was a stream's; they all write alike).
   std::vector<float> ref, got;
   for (int kind = 0; kind < 5; ++kind) {
     const Shape sh = kind < 4 ? layer[kind] : head;
@@ -298,7 +308,7 @@ StepStreamRates step_stream_probe(int M, int layers, double copy_gbs) {
     }
     r.max_rel_diff = std::max(r.max_rel_diff, scale > 0 ? diff / scale : diff);
   }
-  for (int way = 0; way < 3; ++way) {
+  for (int way = 0; way < 5; ++way) {
     r.gbs[way] = r.weight_bytes / (r.ms[way] * 1e6);
     r.of_copy[way] = copy_gbs > 0 ? r.gbs[way] / copy_gbs : 0;
   }
