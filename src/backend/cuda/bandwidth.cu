@@ -409,17 +409,7 @@ __global__ void __launch_bounds__(256, 2) bulk_product_kernel(const __nv_bfloat1
     }
     ring_wait(&landed[s], uint32_t(j / ST) & 1u);
     const unsigned char* stage = ring + s * kStageBytes;
-#pragma unroll
-    for (int cc = 0; cc < kWarpChunks; ++cc) {
-      const int off = (t + 4 * (kWarpChunks * warp + cc)) * 16;
-      const uint4 b0 = *reinterpret_cast<const uint4*>(stage + g * kPitch + off);
-      const uint4 b1 = *reinterpret_cast<const uint4*>(stage + (g + 8) * kPitch + off);
-      const uint4 lo = a[cc][0], hi = a[cc][1];
-      mma_bf16_16x8x16(acc[0], lo.x, hi.x, lo.y, hi.y, b0.x, b0.y);
-      mma_bf16_16x8x16(acc[0], lo.z, hi.z, lo.w, hi.w, b0.z, b0.w);
-      mma_bf16_16x8x16(acc[1], lo.x, hi.x, lo.y, hi.y, b1.x, b1.y);
-      mma_bf16_16x8x16(acc[1], lo.z, hi.z, lo.w, hi.w, b1.z, b1.w);
-    }
+    bulk_stage_mma<SK>(stage, a, acc, warp, g, t);
     __syncthreads();  // every warp is past stage s: it may be refilled
     if (issuer && j + ST < copies) issue(j + ST);
     if (ks == per_tile - 1) {
@@ -481,18 +471,7 @@ double l2_stage_probe(size_t bytes, int mode) {
 }
 
 double best_timed_rate(int reps, double bytes, const std::function<void(int rep)>& one_rep) {
-  const Event e0("bandwidth"), e1("bandwidth");
-  double best = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    check(cudaEventRecord(e0), "bandwidth", "cudaEventRecord");
-    one_rep(rep);
-    check(cudaEventRecord(e1), "bandwidth", "cudaEventRecord");
-    check(cudaEventSynchronize(e1), "bandwidth", "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, e0, e1), "bandwidth", "cudaEventElapsedTime");
-    if (rep > 0) best = std::max(best, bytes / (double(ms) * 1e-3));
-  }
-  return best;
+  return bytes / (best_event_ms(nullptr, reps, "bandwidth", one_rep) * 1e-3);
 }
 
 double rows_read_bandwidth(int N, int K, int S, int launches, int variant) {
@@ -656,20 +635,7 @@ BulkProductRates bulk_product_probe(int M, int N, int K) {
     }
     check(cudaGetLastError(), "bulk product", "kernel launch");
   };
-  auto time_us = [&](int way) {
-    const Event e0("bulk product"), e1("bulk product");
-    double best = 1e30;
-    for (int rep = 0; rep < 6; ++rep) {
-      check(cudaEventRecord(e0, s), "bulk product", "cudaEventRecord");
-      run(way);
-      check(cudaEventRecord(e1, s), "bulk product", "cudaEventRecord");
-      check(cudaEventSynchronize(e1), "bulk product", "cudaEventSynchronize");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, e0, e1), "bulk product", "cudaEventElapsedTime");
-      if (rep > 0) best = std::min(best, double(ms) * 1e3 / launches);
-    }
-    return best;
-  };
+  auto time_us = [&](int way) { return best_event_ms(s, 6, "bulk product", [&](int) { run(way); }) * 1e3 / launches; };
   // Alternating rounds, so that no way gets the warmer GPU; each way's output compared with the
   // backend's right after it ran.
   double us[4] = {1e30, 1e30, 1e30, 1e30};

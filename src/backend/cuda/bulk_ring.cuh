@@ -4,6 +4,8 @@
 // bandwidth.cu and step_stream_probe.cu use it. sm_90 instructions: callers guard their bodies.
 #include <cstdint>
 
+#include "backend/cuda/device_util.cuh"
+
 namespace dflash::cuda {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -53,5 +55,25 @@ template <int SK>
 __host__ __device__ constexpr int bulk_row_pitch() { return 2 * SK + 64; }  // bytes: rows g and g + 1 on opposite bank halves
 template <int SK, int ST>
 __host__ __device__ constexpr int bulk_ring_bytes() { return ST * kBulkRows * bulk_row_pitch<SK>(); }
+
+// A warp's share of one landed stage of SK columns: its SK / 256 chunks of 32 columns of the
+// stage's 16 rows, as m16n8k16 mma's into two n8 tiles, with x's fragments `a` (rows g and
+// g + 8, 16-byte unit t of each chunk: skinny_matmul.cu's layout) loaded by the caller.
+template <int SK>
+__device__ __forceinline__ void bulk_stage_mma(const unsigned char* stage, const uint4 (&a)[SK / 256][2],
+                                               float (&acc)[2][4], int warp, int g, int t) {
+  constexpr int kPitch = bulk_row_pitch<SK>(), kWarpChunks = SK / 256;
+#pragma unroll
+  for (int cc = 0; cc < kWarpChunks; ++cc) {
+    const int off = (t + 4 * (kWarpChunks * warp + cc)) * 16;
+    const uint4 b0 = *reinterpret_cast<const uint4*>(stage + g * kPitch + off);
+    const uint4 b1 = *reinterpret_cast<const uint4*>(stage + (g + 8) * kPitch + off);
+    const uint4 lo = a[cc][0], hi = a[cc][1];
+    mma_bf16_16x8x16(acc[0], lo.x, hi.x, lo.y, hi.y, b0.x, b0.y);
+    mma_bf16_16x8x16(acc[0], lo.z, hi.z, lo.w, hi.w, b0.z, b0.w);
+    mma_bf16_16x8x16(acc[1], lo.x, hi.x, lo.y, hi.y, b1.x, b1.y);
+    mma_bf16_16x8x16(acc[1], lo.z, hi.z, lo.w, hi.w, b1.z, b1.w);
+  }
+}
 
 }  // namespace dflash::cuda

@@ -4,7 +4,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "util/error.h"
@@ -82,6 +84,23 @@ class Stream {
  private:
   cudaStream_t s_ = nullptr;
 };
+
+// The shortest of reps − 1 timings of `one_rep(rep)` on stream s, in ms between two events
+// around it: the first rep only warms up (the measuring code's yardstick).
+inline double best_event_ms(cudaStream_t s, int reps, const char* op, const std::function<void(int rep)>& one_rep) {
+  const Event e0(op), e1(op);
+  double best = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    check(cudaEventRecord(e0, s), op, "cudaEventRecord");
+    one_rep(rep);
+    check(cudaEventRecord(e1, s), op, "cudaEventRecord");
+    check(cudaEventSynchronize(e1), op, "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), op, "cudaEventElapsedTime");
+    if (rep > 0) best = std::min(best, double(ms));
+  }
+  return best;
+}
 
 // Element types the kernels are instantiated for (the tensor's DType, as a small code).
 enum class Elem { F32, BF16 };

@@ -114,17 +114,7 @@ __global__ void __launch_bounds__(256, 2) step_stream_kernel(const StreamProduct
       ring_wait(&landed[s], uint32_t(j / ST) & 1u);
       const unsigned char* stage = ring + s * kStageBytes;
       float acc[2][4] = {};
-#pragma unroll
-      for (int cc = 0; cc < kWarpChunks; ++cc) {
-        const int off = (t + 4 * (kWarpChunks * warp + cc)) * 16;
-        const uint4 b0 = *reinterpret_cast<const uint4*>(stage + g * kPitch + off);
-        const uint4 b1 = *reinterpret_cast<const uint4*>(stage + (g + 8) * kPitch + off);
-        const uint4 lo = a[cc][0], hi = a[cc][1];
-        mma_bf16_16x8x16(acc[0], lo.x, hi.x, lo.y, hi.y, b0.x, b0.y);
-        mma_bf16_16x8x16(acc[0], lo.z, hi.z, lo.w, hi.w, b0.z, b0.w);
-        mma_bf16_16x8x16(acc[1], lo.x, hi.x, lo.y, hi.y, b1.x, b1.y);
-        mma_bf16_16x8x16(acc[1], lo.z, hi.z, lo.w, hi.w, b1.z, b1.w);
-      }
+      bulk_stage_mma<SK>(stage, a, acc, warp, g, t);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -267,20 +257,7 @@ StepStreamRates step_stream_probe(int M, int layers, double copy_gbs) {
     }
     check(cudaGetLastError(), "step stream", "kernel launch");
   };
-  auto time_ms = [&](int way) {
-    const Event e0("step stream"), e1("step stream");
-    double best = 1e30;
-    for (int rep = 0; rep < 4; ++rep) {
-      check(cudaEventRecord(e0, s), "step stream", "cudaEventRecord");
-      run(way);
-      check(cudaEventRecord(e1, s), "step stream", "cudaEventRecord");
-      check(cudaEventSynchronize(e1), "step stream", "cudaEventSynchronize");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, e0, e1), "step stream", "cudaEventElapsedTime");
-      if (rep > 0) best = std::min(best, double(ms));
-    }
-    return best;
-  };
+  auto time_ms = [&](int way) { return best_event_ms(s, 4, "step stream", [&](int) { run(way); }); };
   for (int round = 0; round < 2; ++round)  // alternating, so that no way gets the warmer device
     for (int way = 0; way < 5; ++way) r.ms[way] = std::min(round ? r.ms[way] : 1e30, time_ms(way));
   unsigned was_stuck = 0;
