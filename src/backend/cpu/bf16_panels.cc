@@ -1,5 +1,7 @@
 #include "backend/cpu/bf16_panels.h"
 
+#include "backend/cpu/amx_panels.h"
+
 // GCC 12's false "may be used uninitialized" reports inside its own AVX-512 headers: see
 // cpu_backend.cc.
 #pragma GCC diagnostic push
@@ -23,18 +25,23 @@ constexpr int64_t kPrefetchAhead = 64;  // k steps: 2 KB ahead in a panel
 
 int64_t panel_count(int64_t rows) { return (rows + kPanelRows - 1) / kPanelRows; }
 
+// Columns a panel holds (its stride is that many times kPanelRows elements).
 template <typename W>
-const W* panel_base(const Tensor& w, int64_t panel) {
-  return w.ptr<W>() + panel * w.cols * kPanelRows;
+int64_t panel_cols(int64_t cols) {
+  return sizeof(W) == 2 ? bf16_panel_cols(cols) : cols;
 }
 
-// 16 weights of one k, as f32 lanes: bf16 is widened (it is the top half of an f32).
-#ifdef __AVX512F__
-inline __m512 load_weights(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+template <typename W>
+const W* panel_base(const Tensor& w, int64_t panel) {
+  return w.ptr<W>() + panel * panel_cols<W>(w.cols) * kPanelRows;
 }
-inline __m512 load_weights(const float* p) { return _mm512_loadu_ps(p); }
-#endif
+
+// Where w[n0 + i, k] lies from its panel's start: bf16 panels hold columns in pairs.
+template <typename W>
+int64_t panel_offset(int64_t k, int64_t i) {
+  return sizeof(W) == 2 ? (k / 2) * 2 * kPanelRows + i * 2 + k % 2 : k * kPanelRows + i;
+}
+
 inline float weight_f32(uint16_t v) { return bf16_to_f32(v); }
 inline float weight_f32(float v) { return v; }
 
@@ -42,22 +49,42 @@ inline float weight_f32(float v) { return v; }
 // per row). Interleaving puts every x value a k step needs in one cache line at fixed offsets
 // from one pointer, so each FMA takes its broadcast operand straight from memory. Each
 // (m, panel) accumulator is a chain of FMAs over k; P panels side by side keep enough
-// independent chains in flight when MR is small.
+// independent chains in flight when MR is small. bf16 panels are walked a column pair (one
+// line) at a time, column k before k + 1, so the chains are the same as one column a step.
 template <typename W, int MR, int P>
 void panel_tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
                 bool accumulate) {
+  const int64_t stride = panel_cols<W>(K) * kPanelRows;  // elements from one panel to the next
 #ifdef __AVX512F__
   __m512 acc[P][MR];
   for (int p = 0; p < P; ++p)
     for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const float* xk = xt + k * MR;
-    for (int p = 0; p < P; ++p) {
-      // The weights stream from memory: the hardware prefetcher alone keeps too few lines in
-      // flight for one stream per thread (measured: loads were 60% of a verification step).
-      _mm_prefetch(reinterpret_cast<const char*>(wp + (p * K + k + kPrefetchAhead) * kPanelRows), _MM_HINT_T0);
-      const __m512 wv = load_weights(wp + (p * K + k) * kPanelRows);
-      for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[m]), wv, acc[p][m]);
+  if constexpr (sizeof(W) == 2) {
+    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+    for (int64_t k = 0; k < K; k += 2) {
+      const float* xk = xt + k * MR;
+      const bool pair = k + 1 < K;
+      for (int p = 0; p < P; ++p) {
+        // The weights stream from memory: the hardware prefetcher alone keeps too few lines in
+        // flight for one stream per thread (measured: loads were 60% of a verification step).
+        _mm_prefetch(reinterpret_cast<const char*>(wp + p * stride + (k + kPrefetchAhead) * kPanelRows), _MM_HINT_T0);
+        const __m512i line = _mm512_loadu_si512(wp + p * stride + k * kPanelRows);
+        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(line, 16));  // column k: the low halves
+        for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[m]), w0, acc[p][m]);
+        if (pair) {
+          const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(line, high));  // column k + 1
+          for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[MR + m]), w1, acc[p][m]);
+        }
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < K; ++k) {
+      const float* xk = xt + k * MR;
+      for (int p = 0; p < P; ++p) {
+        _mm_prefetch(reinterpret_cast<const char*>(wp + p * stride + (k + kPrefetchAhead) * kPanelRows), _MM_HINT_T0);
+        const __m512 wv = _mm512_loadu_ps(wp + p * stride + k * kPanelRows);
+        for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[m]), wv, acc[p][m]);
+      }
     }
   }
   for (int p = 0; p < P; ++p) {
@@ -77,7 +104,7 @@ void panel_tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64
       if (n >= N) break;
       for (int m = 0; m < MR; ++m) {
         float s = 0.f;
-        for (int64_t k = 0; k < K; ++k) s = std::fma(xt[k * MR + m], weight_f32(wp[(p * K + k) * kPanelRows + i]), s);
+        for (int64_t k = 0; k < K; ++k) s = std::fma(xt[k * MR + m], weight_f32(wp[p * stride + panel_offset<W>(k, i)]), s);
         ys[m][n] = accumulate ? ys[m][n] + s : s;
       }
     }
@@ -103,7 +130,7 @@ constexpr auto kTiles = make_tile_table<W>(std::make_integer_sequence<int, kPane
 }  // namespace
 
 int64_t packed_bf16_bytes(int64_t rows, int64_t cols) {
-  return std::max<int64_t>(1, panel_count(rows)) * kPanelRows * cols * int64_t(sizeof(uint16_t));
+  return std::max<int64_t>(1, panel_count(rows)) * kPanelRows * bf16_panel_cols(cols) * int64_t(sizeof(uint16_t));
 }
 
 void pack_bf16_panels(const std::vector<const TensorInfo*>& parts, int64_t cols, uint16_t* dst) {
@@ -116,18 +143,21 @@ void pack_bf16_panels(const std::vector<const TensorInfo*>& parts, int64_t cols,
   const int64_t N = static_cast<int64_t>(rows.size()), panels = panel_count(N);
 #pragma omp parallel for schedule(static) if (N * cols > (1 << 20))
   for (int64_t p = 0; p < panels; ++p) {
-    uint16_t* out = dst + p * cols * kPanelRows;
-    for (int64_t k = 0; k < cols; ++k)
+    const int64_t held = bf16_panel_cols(cols);
+    uint16_t* out = dst + p * held * kPanelRows;
+    for (int64_t k = 0; k < held; ++k)
       for (int64_t i = 0; i < kPanelRows; ++i) {
         const int64_t n = p * kPanelRows + i;
         uint16_t v = 0;
-        if (n < N) std::memcpy(&v, rows[n] + 2 * k, 2);
-        out[k * kPanelRows + i] = v;
+        if (n < N && k < cols) std::memcpy(&v, rows[n] + 2 * k, 2);
+        out[panel_offset<uint16_t>(k, i)] = v;
       }
   }
 }
 
-int64_t packed_f32_bytes(int64_t rows, int64_t cols) { return 2 * packed_bf16_bytes(rows, cols); }
+int64_t packed_f32_bytes(int64_t rows, int64_t cols) {
+  return std::max<int64_t>(1, panel_count(rows)) * kPanelRows * cols * int64_t(sizeof(float));
+}
 
 void pack_f32_panels(const std::vector<const TensorInfo*>& parts, int64_t cols, float* dst) {
   std::vector<std::pair<const TensorInfo*, int64_t>> rows;  // (tensor, row in it)
@@ -160,8 +190,8 @@ void packed_row_to_f32(const Tensor& w, int64_t n, float* dst) {
     for (int64_t k = 0; k < w.cols; ++k) dst[k] = base[k * kPanelRows];
     return;
   }
-  const uint16_t* base = panel_base<uint16_t>(w, n / kPanelRows) + n % kPanelRows;
-  for (int64_t k = 0; k < w.cols; ++k) dst[k] = bf16_to_f32(base[k * kPanelRows]);
+  const uint16_t* base = panel_base<uint16_t>(w, n / kPanelRows);
+  for (int64_t k = 0; k < w.cols; ++k) dst[k] = bf16_to_f32(base[panel_offset<uint16_t>(k, n % kPanelRows)]);
 }
 
 void unpack_rows_to_f32(const Tensor& w, int64_t n0, int64_t count, float* dst) {
@@ -198,6 +228,10 @@ void packed_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate)
   const int64_t M = x.rows, K = w.cols, N = w.rows;
   if (M > kPackedMaxRows) throw Error("cpu packed matmul: " + std::to_string(M) + " rows");
   if (M == 0 || N == 0) return;
+  if (w.dtype == DType::BF16 && amx_panels_active()) {
+    amx_panel_matmul(x, w, y, accumulate);
+    return;
+  }
   float* ys[kPackedMaxRows];
   for (int64_t m = 0; m < M; ++m) ys[m] = y.ptr<float>() + m * y.ld;
   // x interleaved by k, one block per chunk of up to 16 rows (a single row is its own).

@@ -1,14 +1,19 @@
 #pragma once
-// bf16 weights on the CPU, stored as panels: rows n0 … n0+15 of w [N, K] are interleaved so
-// that for each k the 16 values w[n0 … n0+15, k] are 32 contiguous bytes. A product then
-// widens one 16-lane vector per k and multiplies it by a broadcast x[m, k] for every row m,
-// so each output lane is one (m, n) pair and no horizontal sums are needed; the row-major
-// layout needed a 16-lane reduction per output, which cost as much as the products at the
-// few rows of a verification step.
+// bf16 weights on the CPU, stored as panels of 16 rows: rows n0 … n0+15 of w [N, K] are
+// interleaved so that for each pair of columns (k, k+1) the 32 values w[n0 … n0+15, k … k+1]
+// are one 64-byte line, each row's two values side by side. A product then widens the line
+// into two 16-lane vectors (columns k and k+1) and multiplies each by a broadcast x[m, k] for
+// every row m, so each output lane is one (m, n) pair and no horizontal sums are needed (the
+// row-major layout needed a 16-lane reduction per output, which cost as much as the products
+// at the few rows of a verification step). The same line is a row of an AMX B tile (pairs of
+// columns for 16 outputs), so 32 columns of a panel are one 1 KB tile (amx_panels.h); a panel
+// holds K rounded up to 32 columns, the padding zero.
 //
 // Every output y[m, n] is summed over k in ascending order in one f32 lane, whatever the
 // number of rows and however rows and panels are tiled: a row computed alone (plain decoding)
-// and inside a block (verification) gives the same bits.
+// and inside a block (verification) gives the same bits. f32 panels keep one column a line
+// (16 floats). Where the CPU has AMX, bf16 panels are multiplied on it instead (amx_panels.h):
+// a different order of sums, chosen once per process, and as independent of the rows.
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +23,9 @@
 namespace dflash {
 
 constexpr int64_t kPanelRows = 16;
+// Columns a bf16 panel holds: K rounded up to whole 32-column AMX tiles.
+constexpr int64_t kPanelColumnBlock = 32;
+inline int64_t bf16_panel_cols(int64_t cols) { return (cols + kPanelColumnBlock - 1) / kPanelColumnBlock * kPanelColumnBlock; }
 
 // Bytes a packed [rows, cols] weight takes (rows rounded up to whole panels, zero-filled).
 int64_t packed_bf16_bytes(int64_t rows, int64_t cols);
