@@ -2,11 +2,13 @@
 // inside a block (speculative verification) must give the same bits. Greedy speculative output
 // equals plain output only because of this; the end-to-end tests could miss a violation that
 // happens not to flip an argmax.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "backend/backend.h"
+#include "backend/cpu/amx_panels.h"
 #include "test_util.h"
 
 using namespace dflash;
@@ -27,33 +29,118 @@ std::vector<float> fetch(Backend& b, const Tensor& t) {
   return v;
 }
 
+// The products' kernels this CPU has: AVX-512 (or scalar) always, AMX where the build and the
+// kernel allow. Each is checked on its own; the process's choice is restored afterwards.
+std::vector<bool> product_kernels() {
+  std::vector<bool> kernels{false};
+  set_amx_panels(true);
+  if (amx_panels_active()) kernels.push_back(true);
+  return kernels;
+}
+
+struct RestoreProductKernel {
+  bool was = amx_panels_active();
+  ~RestoreProductKernel() { set_amx_panels(was); }
+};
+
+Tensor upload_matrix(Backend& b, const std::vector<float>& wv, int64_t N, int64_t K, DType dtype,
+                     std::vector<uint16_t>& wbits) {
+  wbits.resize(wv.size());
+  for (size_t i = 0; i < wv.size(); ++i) wbits[i] = f32_to_bf16(wv[i]);
+  TensorInfo info;
+  info.name = "w";
+  info.dtype = dtype;
+  info.shape = {N, K};
+  info.data = dtype == DType::BF16 ? reinterpret_cast<const uint8_t*>(wbits.data())
+                                   : reinterpret_cast<const uint8_t*>(wv.data());
+  info.nbytes = wv.size() * dtype_size(dtype);
+  return b.upload_weight({&info});
+}
+
 TEST(CpuBatchInvariance, PackedMatmulRowAloneEqualsRowInBlock) {
   auto b = make_cpu_backend();
-  for (auto [M, K, N, dtype] : {std::tuple{16, 384, 1152, DType::BF16}, {32, 1152, 384, DType::BF16},
-                                {7, 100, 37, DType::BF16}, {20, 64, 4160, DType::BF16}, {16, 96, 200, DType::F32},
-                                {32, 64, 33, DType::F32}}) {
-    const auto wv = random_values(size_t(N) * K, 1, 0.05f);
-    std::vector<uint16_t> wbits(wv.size());
-    for (size_t i = 0; i < wv.size(); ++i) wbits[i] = f32_to_bf16(wv[i]);
-    TensorInfo info;
-    info.name = "w";
-    info.dtype = dtype;
-    info.shape = {N, K};
-    info.data = dtype == DType::BF16 ? reinterpret_cast<const uint8_t*>(wbits.data())
-                                     : reinterpret_cast<const uint8_t*>(wv.data());
-    info.nbytes = wv.size() * dtype_size(dtype);
-    Tensor w = b->upload_weight({&info});
-    ASSERT_TRUE(w.packed);
-    const auto xv = random_values(size_t(M) * K, 2);
-    Tensor x = b->upload(xv.data(), M, K), y = b->alloc(M, N, DType::F32);
+  const RestoreProductKernel restore;
+  for (const bool amx : product_kernels()) {
+    set_amx_panels(amx);
+    // Rows 1 … 32 (AMX: one to four A tiles), K not a multiple of 32, N not of 16 or 48.
+    for (auto [M, K, N, dtype] : {std::tuple{16, 384, 1152, DType::BF16}, {32, 1152, 384, DType::BF16},
+                                  {7, 100, 37, DType::BF16}, {20, 64, 4160, DType::BF16}, {5, 96, 200, DType::BF16},
+                                  {12, 33, 49, DType::BF16}, {16, 96, 200, DType::F32}, {32, 64, 33, DType::F32}}) {
+      const auto wv = random_values(size_t(N) * K, 1, 0.05f);
+      std::vector<uint16_t> wbits;
+      Tensor w = upload_matrix(*b, wv, N, K, dtype, wbits);
+      ASSERT_TRUE(w.packed);
+      const auto xv = random_values(size_t(M) * K, 2);
+      Tensor x = b->upload(xv.data(), M, K), y = b->alloc(M, N, DType::F32);
+      b->matmul(x, w, y);
+      const auto block = fetch(*b, y);
+      for (int m = 0; m < M; ++m) {
+        Tensor xr = b->upload(xv.data() + size_t(m) * K, 1, K), yr = b->alloc(1, N, DType::F32);
+        b->matmul(xr, w, yr);
+        const auto alone = fetch(*b, yr);
+        ASSERT_EQ(0, std::memcmp(alone.data(), block.data() + size_t(m) * N, N * sizeof(float)))
+            << "row " << m << " of " << M << "x" << K << "x" << N << " " << dtype_name(dtype)
+            << (amx ? " on AMX" : " on AVX-512");
+      }
+    }
+  }
+}
+
+// Both kernels keep f32-compute accuracy on bf16 weights (AMX through x's hi + lo parts): every
+// output within 1e-5 of the largest |y| of its row, against sums in double. A product that
+// added its accumulate input wrongly, dropped the lo part (≈ 2^-9 relative) or a block of K
+// would miss it.
+TEST(CpuProducts, Bf16PanelsKeepF32Accuracy) {
+  auto b = make_cpu_backend();
+  const RestoreProductKernel restore;
+  for (const bool amx : product_kernels()) {
+    set_amx_panels(amx);
+    for (auto [M, K, N] : {std::tuple{1, 384, 1152}, {16, 1152, 384}, {9, 100, 37}, {32, 64, 70}}) {
+      const auto wv = random_values(size_t(N) * K, 11, 0.05f);
+      std::vector<uint16_t> wbits;
+      Tensor w = upload_matrix(*b, wv, N, K, DType::BF16, wbits);
+      const auto xv = random_values(size_t(M) * K, 12, 3.0f);
+      const auto y0 = random_values(size_t(M) * N, 13);
+      Tensor x = b->upload(xv.data(), M, K), y = b->upload(y0.data(), M, N);
+      b->matmul(x, w, y, /*accumulate=*/true);
+      const auto got = fetch(*b, y);
+      for (int m = 0; m < M; ++m) {
+        std::vector<double> want(static_cast<size_t>(N));
+        double scale = 0;
+        for (int n = 0; n < N; ++n) {
+          double s = y0[size_t(m) * N + n];
+          for (int k = 0; k < K; ++k) s += double(xv[size_t(m) * K + k]) * double(bf16_to_f32(wbits[size_t(n) * K + k]));
+          want[size_t(n)] = s;
+          scale = std::max(scale, std::abs(s));
+        }
+        for (int n = 0; n < N; ++n)
+          ASSERT_NEAR(got[size_t(m) * N + n], want[size_t(n)], 1e-5 * scale)
+              << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << (amx ? " on AMX" : " on AVX-512");
+      }
+    }
+  }
+}
+
+// x values near float's limit: AMX's bf16 hi part would round to infinity; the product stays
+// finite and right.
+TEST(CpuProducts, HugeActivationsStayFinite) {
+  auto b = make_cpu_backend();
+  const RestoreProductKernel restore;
+  for (const bool amx : product_kernels()) {
+    set_amx_panels(amx);
+    const int64_t K = 64, N = 16;
+    std::vector<float> wv(size_t(N * K), 0.f);
+    for (int64_t n = 0; n < N; ++n) wv[size_t(n * K + n)] = 0.5f;  // y[n] = x[n] / 2
+    std::vector<uint16_t> wbits;
+    Tensor w = upload_matrix(*b, wv, N, K, DType::BF16, wbits);
+    std::vector<float> xv(size_t(K), 0.f);
+    for (int64_t k = 0; k < N; ++k) xv[size_t(k)] = (k % 2 ? -1.f : 1.f) * 3.4e38f;
+    Tensor x = b->upload(xv.data(), 1, K), y = b->alloc(1, N, DType::F32);
     b->matmul(x, w, y);
-    const auto block = fetch(*b, y);
-    for (int m = 0; m < M; ++m) {
-      Tensor xr = b->upload(xv.data() + size_t(m) * K, 1, K), yr = b->alloc(1, N, DType::F32);
-      b->matmul(xr, w, yr);
-      const auto alone = fetch(*b, yr);
-      ASSERT_EQ(0, std::memcmp(alone.data(), block.data() + size_t(m) * N, N * sizeof(float)))
-          << "row " << m << " of " << M << "x" << K << "x" << N << " " << dtype_name(dtype);
+    const auto got = fetch(*b, y);
+    for (int64_t n = 0; n < N; ++n) {
+      ASSERT_TRUE(std::isfinite(got[size_t(n)])) << n << (amx ? " on AMX" : " on AVX-512");
+      EXPECT_NEAR(got[size_t(n)], xv[size_t(n)] / 2, 1e-5 * 1.7e38) << n << (amx ? " on AMX" : " on AVX-512");
     }
   }
 }

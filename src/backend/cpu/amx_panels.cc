@@ -2,7 +2,12 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define DFLASH_AMX 1
+// GCC 12's false "may be used uninitialized" reports inside its own AVX-512 headers: see
+// cpu_backend.cc.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -55,33 +60,27 @@ void configure_tiles() {
   configured = true;
 }
 
-constexpr int64_t kPrefetchBlocks = 2;  // 2 KB ahead in each panel
+// bf16 elements of a tile: 16 rows of 32.
+constexpr int64_t kTileElements = 16 * kPanelColumnBlock;
 
 // Panels against the A tiles, each C tile accumulating over the panels' 32-column blocks in
 // order. A tile product waits for the one before it into the same C tile, so independent C tiles
 // are kept in flight: three panels at a time against one A tile (up to 8 rows of x), two
 // against two (up to 16 rows), one against three or four. Tile numbers are immediates, hence
-// the templates. c receives C tile t at c + 256·t (16 rows of 16 floats).
+// the templates. c receives C tile t at c + 256·t (16 rows of 16 floats). No software prefetch:
+// asking for the blocks ahead (into L1 or L2, 1 to 32 blocks ahead, or by loads) made the
+// one-row products slower, on a working set in the cache and streaming from memory alike.
 template <int R, int P>
-void panels_on_tiles(const uint16_t* a, int64_t a_stride, const uint16_t* panel, int64_t panel_stride,
-                     int64_t blocks, float* c) {
+void panels_on_tiles(const uint16_t* a, const uint16_t* panel, int64_t panel_stride, int64_t blocks, float* c) {
   static_assert((R == 1 && P <= 3) || (R == 2 && P <= 2) || (R > 2 && R <= 4 && P == 1), "8 tiles");
-  const int64_t a_bytes = a_stride * int64_t(sizeof(uint16_t));
-  const int64_t a_tile = 16 * a_stride, b_tile = 16 * kPanelColumnBlock;
+  constexpr int64_t a_bytes = 64, a_tile = kTileElements, b_tile = kTileElements;
   _tile_zero(0);
   if constexpr (R * P > 1) _tile_zero(1);
   if constexpr (R * P > 2) _tile_zero(2);
   if constexpr (R * P > 3) _tile_zero(3);
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint16_t* ab = a + b * kPanelColumnBlock;
+    const uint16_t* ab = a + b * R * a_tile;  // block b's A tiles, one after another
     const uint16_t* bb = panel + b * b_tile;
-    // The weights stream from the last-level cache or memory, and a tile load that misses
-    // stalls the tile products behind it: each panel's block kPrefetchBlocks ahead is asked for
-    // now (a prefetch past the end of the weight is harmless).
-    for (int q = 0; q < P; ++q)
-      for (int line = 0; line < 16; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(bb + q * panel_stride + kPrefetchBlocks * b_tile + line * 32),
-                     _MM_HINT_T0);
     if constexpr (R == 1) {  // C 0 … P−1, A 4, B 5 … 4+P
       _tile_loadd(4, ab, a_bytes);
       _tile_loadd(5, bb, 64);
@@ -136,6 +135,38 @@ inline uint16_t high_part(float v) {
   }
   return h;
 }
+
+// 32 columns of a row of x (fewer where K ends: the rest zero) as bf16 hi and lo parts.
+inline void split_block(const float* x, int64_t valid, uint16_t* hi, uint16_t* lo) {
+#ifdef __AVX512BF16__
+  const __mmask16 m0 = valid >= 16 ? __mmask16(0xffff) : valid <= 0 ? __mmask16(0) : __mmask16((1u << valid) - 1);
+  const int64_t rest = valid - 16;
+  const __mmask16 m1 = rest >= 16 ? __mmask16(0xffff) : rest <= 0 ? __mmask16(0) : __mmask16((1u << rest) - 1);
+  const __m512 v0 = _mm512_maskz_loadu_ps(m0, x), v1 = _mm512_maskz_loadu_ps(m1, x + 16);
+  __m512i hv = __m512i(_mm512_cvtne2ps_pbh(v1, v0));
+  // An infinite hi (rare: a rounding overflow, or x infinite) is redone one value at a time,
+  // where high_part keeps a finite x finite.
+  const __mmask32 inf = _mm512_cmpeq_epi16_mask(_mm512_and_si512(hv, _mm512_set1_epi16(0x7fff)), _mm512_set1_epi16(0x7f80));
+  if (inf) {
+    alignas(64) uint16_t hb[32];
+    _mm512_store_si512(hb, hv);
+    for (int j = 0; j < 32; ++j)
+      if (inf >> j & 1u) hb[j] = high_part(j < valid ? x[j] : 0.f);
+    hv = _mm512_load_si512(hb);
+  }
+  // hi widened back to f32: bf16 is the top half of an f32.
+  const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hv)), 16));
+  const __m512 w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hv, 1)), 16));
+  _mm512_storeu_si512(hi, hv);
+  _mm512_storeu_si512(lo, __m512i(_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, w1), _mm512_sub_ps(v0, w0))));
+#else
+  for (int j = 0; j < 32; ++j) {
+    const float v = j < valid ? x[j] : 0.f;
+    hi[j] = high_part(v);
+    lo[j] = f32_to_bf16(v - bf16_to_f32(hi[j]));
+  }
+#endif
+}
 #endif
 
 bool amx_available() {
@@ -169,23 +200,28 @@ void amx_panel_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumula
   if (M == 0 || N == 0) return;
   const int64_t Kp = bf16_panel_cols(K), blocks = Kp / kPanelColumnBlock;
   const int R = static_cast<int>((2 * M + 15) / 16);
-  // A: row m of x's hi parts, row M + m its lo parts, zero past K and past 2M rows.
-  thread_local std::vector<uint16_t> a;
-  a.assign(size_t(R) * 16 * size_t(Kp), 0);
+  // A: row m of x's hi parts, row M + m its lo parts, as tiles in the order they are loaded
+  // (block 0's R tiles, then block 1's, …), each 16 rows of 64 bytes, so that a tile load reads
+  // 1 KB in a row (rows 2304 bytes apart missed L1 on every load: one-row products took twice
+  // as long). Rows past 2M keep what an earlier call left: they only make C rows never read.
+  // 64-byte aligned: a tile row across two cache lines doubles the lines a tile load reads.
+  thread_local std::vector<uint16_t> a_storage;
+  const size_t need = size_t(R) * size_t(blocks) * kTileElements + 32;
+  if (a_storage.size() < need) a_storage.resize(need, 0);
+  uint16_t* a = a_storage.data() + (64 - reinterpret_cast<uintptr_t>(a_storage.data()) % 64) % 64 / 2;
+  auto at = [&](int64_t row, int64_t k) {
+    return a + ((k / kPanelColumnBlock) * R + row / 16) * kTileElements + (row % 16) * kPanelColumnBlock +
+           k % kPanelColumnBlock;
+  };
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x.ptr<float>() + m * x.ld;
-    uint16_t* hi = a.data() + m * Kp;
-    uint16_t* lo = a.data() + (M + m) * Kp;
-    for (int64_t k = 0; k < K; ++k) {
-      hi[k] = high_part(xr[k]);
-      lo[k] = f32_to_bf16(xr[k] - bf16_to_f32(hi[k]));
-    }
+    for (int64_t k0 = 0; k0 < Kp; k0 += kPanelColumnBlock) split_block(xr + k0, K - k0, at(m, k0), at(M + m, k0));
   }
   const int64_t panels = (N + kPanelRows - 1) / kPanelRows;
   const int P = R == 1 ? 3 : R == 2 ? 2 : 1;  // panels a step (panels_on_tiles)
   const int64_t steps = (panels + P - 1) / P, panel_stride = Kp * kPanelRows;
   const uint16_t* wp = w.ptr<uint16_t>();
-  const uint16_t* ap = a.data();  // the calling thread's buffer: `a` names another in each worker
+  const uint16_t* ap = a;  // the calling thread's buffer: a_storage names another in each worker
 #pragma omp parallel if (N * K > (1 << 16))
   {
     configure_tiles();
@@ -198,12 +234,12 @@ void amx_panel_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumula
       for (int64_t q = 0; q < here; q += (here == P ? P : 1)) {
         const uint16_t* pq = panel + q * panel_stride;
         const bool whole = here == P;
-        if (R == 1 && whole && P == 3) panels_on_tiles<1, 3>(ap, Kp, pq, panel_stride, blocks, c);
-        else if (R == 1) panels_on_tiles<1, 1>(ap, Kp, pq, panel_stride, blocks, c);
-        else if (R == 2 && whole) panels_on_tiles<2, 2>(ap, Kp, pq, panel_stride, blocks, c);
-        else if (R == 2) panels_on_tiles<2, 1>(ap, Kp, pq, panel_stride, blocks, c);
-        else if (R == 3) panels_on_tiles<3, 1>(ap, Kp, pq, panel_stride, blocks, c);
-        else panels_on_tiles<4, 1>(ap, Kp, pq, panel_stride, blocks, c);
+        if (R == 1 && whole && P == 3) panels_on_tiles<1, 3>(ap, pq, panel_stride, blocks, c);
+        else if (R == 1) panels_on_tiles<1, 1>(ap, pq, panel_stride, blocks, c);
+        else if (R == 2 && whole) panels_on_tiles<2, 2>(ap, pq, panel_stride, blocks, c);
+        else if (R == 2) panels_on_tiles<2, 1>(ap, pq, panel_stride, blocks, c);
+        else if (R == 3) panels_on_tiles<3, 1>(ap, pq, panel_stride, blocks, c);
+        else panels_on_tiles<4, 1>(ap, pq, panel_stride, blocks, c);
         const int done = whole ? P : 1;
         for (int d = 0; d < done; ++d) {
           const int64_t n0 = (p0 + q + d) * kPanelRows, cols = std::min<int64_t>(kPanelRows, N - n0);
