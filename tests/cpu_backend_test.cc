@@ -86,6 +86,31 @@ TEST(CpuBatchInvariance, PackedMatmulRowAloneEqualsRowInBlock) {
   }
 }
 
+// On AMX a prompt's rows (more than 32) take the same kernel 32 rows at a time, so each equals
+// the row computed alone, as in decoding (through BLAS they need not).
+TEST(CpuBatchInvariance, AmxPromptRowsEqualRowsAlone) {
+  auto b = make_cpu_backend();
+  const RestoreProductKernel restore;
+  set_amx_panels(true);
+  if (!amx_panels_active()) GTEST_SKIP() << "needs AMX (this CPU or kernel has none)";
+  for (auto [M, K, N] : {std::tuple{70, 384, 200}, {33, 100, 37}}) {
+    const auto wv = random_values(size_t(N) * K, 21, 0.05f);
+    std::vector<uint16_t> wbits;
+    Tensor w = upload_matrix(*b, wv, N, K, DType::BF16, wbits);
+    const auto xv = random_values(size_t(M) * K, 22);
+    Tensor x = b->upload(xv.data(), M, K), y = b->alloc(M, N, DType::F32);
+    b->matmul(x, w, y);
+    const auto block = fetch(*b, y);
+    for (int m = 0; m < M; ++m) {
+      Tensor xr = b->upload(xv.data() + size_t(m) * K, 1, K), yr = b->alloc(1, N, DType::F32);
+      b->matmul(xr, w, yr);
+      const auto alone = fetch(*b, yr);
+      ASSERT_EQ(0, std::memcmp(alone.data(), block.data() + size_t(m) * N, N * sizeof(float)))
+          << "row " << m << " of " << M << "x" << K << "x" << N;
+    }
+  }
+}
+
 // Both kernels keep f32-compute accuracy on bf16 weights (AMX through x's hi + lo parts): every
 // output within 1e-5 of the largest |y| of its row, against sums in double. A product that
 // added its accumulate input wrongly, dropped the lo part (≈ 2^-9 relative) or a block of K
@@ -95,7 +120,7 @@ TEST(CpuProducts, Bf16PanelsKeepF32Accuracy) {
   const RestoreProductKernel restore;
   for (const bool amx : product_kernels()) {
     set_amx_panels(amx);
-    for (auto [M, K, N] : {std::tuple{1, 384, 1152}, {16, 1152, 384}, {9, 100, 37}, {32, 64, 70}}) {
+    for (auto [M, K, N] : {std::tuple{1, 384, 1152}, {16, 1152, 384}, {9, 100, 37}, {32, 64, 70}, {45, 96, 50}}) {
       const auto wv = random_values(size_t(N) * K, 11, 0.05f);
       std::vector<uint16_t> wbits;
       Tensor w = upload_matrix(*b, wv, N, K, DType::BF16, wbits);

@@ -195,62 +195,85 @@ void set_amx_panels(bool on) { g_amx_state.store(on && amx_available() ? 1 : 0);
 void amx_panel_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
 #ifdef DFLASH_AMX
   const int64_t M = x.rows, K = w.cols, N = w.rows;
-  if (M > kPackedMaxRows || w.dtype != DType::BF16 || !w.packed)
-    throw Error("cpu amx matmul: " + x.describe() + " · " + w.describe());
+  if (w.dtype != DType::BF16 || !w.packed) throw Error("cpu amx matmul: " + x.describe() + " · " + w.describe());
   if (M == 0 || N == 0) return;
   const int64_t Kp = bf16_panel_cols(K), blocks = Kp / kPanelColumnBlock;
-  const int R = static_cast<int>((2 * M + 15) / 16);
-  // A: row m of x's hi parts, row M + m its lo parts, as tiles in the order they are loaded
-  // (block 0's R tiles, then block 1's, …), each 16 rows of 64 bytes, so that a tile load reads
-  // 1 KB in a row (rows 2304 bytes apart missed L1 on every load: one-row products took twice
-  // as long). Rows past 2M keep what an earlier call left: they only make C rows never read.
+  // Rows go in slices of up to kPackedMaxRows (a prompt's rows: several slices, each row
+  // computed as it would be alone). Slice s's A: its rows' hi parts, then their lo parts, as
+  // tiles in the order they are loaded (block 0's R tiles, then block 1's, …), each 16 rows of
+  // 64 bytes, so that a tile load reads 1 KB in a row (rows 2304 bytes apart missed L1 on every
+  // load: one-row products took twice as long). Rows past a slice's 2·rows keep what an earlier
+  // call left: they only make C rows never read.
+  struct Slice {
+    int64_t m0, rows;
+    int R;
+    const uint16_t* a;
+  };
+  const int64_t slices = (M + kPackedMaxRows - 1) / kPackedMaxRows;
+  thread_local std::vector<Slice> slice;
+  slice.resize(size_t(slices));
+  size_t elements = 0;
+  for (int64_t i = 0; i < slices; ++i) {
+    const int64_t m0 = i * kPackedMaxRows, rows = std::min<int64_t>(kPackedMaxRows, M - m0);
+    slice[size_t(i)] = {m0, rows, static_cast<int>((2 * rows + 15) / 16), nullptr};
+    elements += size_t(slice[size_t(i)].R) * size_t(blocks) * kTileElements;
+  }
   // 64-byte aligned: a tile row across two cache lines doubles the lines a tile load reads.
   thread_local std::vector<uint16_t> a_storage;
-  const size_t need = size_t(R) * size_t(blocks) * kTileElements + 32;
-  if (a_storage.size() < need) a_storage.resize(need, 0);
+  if (a_storage.size() < elements + 32) a_storage.resize(elements + 32, 0);
   uint16_t* a = a_storage.data() + (64 - reinterpret_cast<uintptr_t>(a_storage.data()) % 64) % 64 / 2;
-  auto at = [&](int64_t row, int64_t k) {
-    return a + ((k / kPanelColumnBlock) * R + row / 16) * kTileElements + (row % 16) * kPanelColumnBlock +
-           k % kPanelColumnBlock;
-  };
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = x.ptr<float>() + m * x.ld;
-    for (int64_t k0 = 0; k0 < Kp; k0 += kPanelColumnBlock) split_block(xr + k0, K - k0, at(m, k0), at(M + m, k0));
+  for (auto& sl : slice) {
+    auto at = [&](int64_t row, int64_t k) {
+      return a + ((k / kPanelColumnBlock) * sl.R + row / 16) * kTileElements + (row % 16) * kPanelColumnBlock +
+             k % kPanelColumnBlock;
+    };
+    for (int64_t m = 0; m < sl.rows; ++m) {
+      const float* xr = x.ptr<float>() + (sl.m0 + m) * x.ld;
+      for (int64_t k0 = 0; k0 < Kp; k0 += kPanelColumnBlock)
+        split_block(xr + k0, K - k0, at(m, k0), at(sl.rows + m, k0));
+    }
+    sl.a = a;
+    a += size_t(sl.R) * size_t(blocks) * kTileElements;
   }
   const int64_t panels = (N + kPanelRows - 1) / kPanelRows;
-  const int P = R == 1 ? 3 : R == 2 ? 2 : 1;  // panels a step (panels_on_tiles)
+  // Panels a step (panels_on_tiles): one where several slices share each panel, which then
+  // stays in L1 from one slice to the next.
+  const int R0 = slice[0].R;
+  const int P = slices > 1 ? 1 : R0 == 1 ? 3 : R0 == 2 ? 2 : 1;
   const int64_t steps = (panels + P - 1) / P, panel_stride = Kp * kPanelRows;
   const uint16_t* wp = w.ptr<uint16_t>();
-  const uint16_t* ap = a;  // the calling thread's buffer: a_storage names another in each worker
-#pragma omp parallel if (N * K > (1 << 16))
+  const Slice* sp = slice.data();  // the calling thread's: `slice` names another in each worker
+#pragma omp parallel if (N * K * M > (1 << 16))
   {
     configure_tiles();
     alignas(64) float c[4 * 16 * 16];
 #pragma omp for schedule(static)
     for (int64_t step = 0; step < steps; ++step) {
       const int64_t p0 = step * P, here = std::min<int64_t>(P, panels - p0);
-      const uint16_t* panel = wp + p0 * panel_stride;
-      // The last step may hold fewer panels; it runs them one at a time.
-      for (int64_t q = 0; q < here; q += (here == P ? P : 1)) {
-        const uint16_t* pq = panel + q * panel_stride;
-        const bool whole = here == P;
-        if (R == 1 && whole && P == 3) panels_on_tiles<1, 3>(ap, pq, panel_stride, blocks, c);
-        else if (R == 1) panels_on_tiles<1, 1>(ap, pq, panel_stride, blocks, c);
-        else if (R == 2 && whole) panels_on_tiles<2, 2>(ap, pq, panel_stride, blocks, c);
-        else if (R == 2) panels_on_tiles<2, 1>(ap, pq, panel_stride, blocks, c);
-        else if (R == 3) panels_on_tiles<3, 1>(ap, pq, panel_stride, blocks, c);
-        else panels_on_tiles<4, 1>(ap, pq, panel_stride, blocks, c);
-        const int done = whole ? P : 1;
-        for (int d = 0; d < done; ++d) {
-          const int64_t n0 = (p0 + q + d) * kPanelRows, cols = std::min<int64_t>(kPanelRows, N - n0);
-          const float* cp = c + d * R * 256;  // panel d's C tiles: rows 16r … of tile R·d + r
-          for (int64_t m = 0; m < M; ++m) {
-            float* yr = y.ptr<float>() + m * y.ld + n0;
-            const float* hi = cp + m * 16;
-            const float* lo = cp + (M + m) * 16;
-            for (int64_t j = 0; j < cols; ++j) {
-              const float s = hi[j] + lo[j];
-              yr[j] = accumulate ? yr[j] + s : s;
+      const bool whole = here == P;
+      for (int64_t si = 0; si < slices; ++si) {
+        const Slice& sl = sp[si];
+        // The last step may hold fewer panels; it runs them one at a time.
+        for (int64_t q = 0; q < here; q += whole ? P : 1) {
+          const uint16_t* pq = wp + (p0 + q) * panel_stride;
+          if (sl.R == 1 && whole && P == 3) panels_on_tiles<1, 3>(sl.a, pq, panel_stride, blocks, c);
+          else if (sl.R == 1) panels_on_tiles<1, 1>(sl.a, pq, panel_stride, blocks, c);
+          else if (sl.R == 2 && whole && P == 2) panels_on_tiles<2, 2>(sl.a, pq, panel_stride, blocks, c);
+          else if (sl.R == 2) panels_on_tiles<2, 1>(sl.a, pq, panel_stride, blocks, c);
+          else if (sl.R == 3) panels_on_tiles<3, 1>(sl.a, pq, panel_stride, blocks, c);
+          else panels_on_tiles<4, 1>(sl.a, pq, panel_stride, blocks, c);
+          const int done = whole ? P : 1;
+          for (int d = 0; d < done; ++d) {
+            const int64_t n0 = (p0 + q + d) * kPanelRows, cols = std::min<int64_t>(kPanelRows, N - n0);
+            const float* cp = c + d * sl.R * 256;  // panel d's C tiles: rows 16r … of tile R·d + r
+            for (int64_t m = 0; m < sl.rows; ++m) {
+              float* yr = y.ptr<float>() + (sl.m0 + m) * y.ld + n0;
+              const float* hi = cp + m * 16;
+              const float* lo = cp + (sl.rows + m) * 16;
+              for (int64_t j = 0; j < cols; ++j) {
+                const float s = hi[j] + lo[j];
+                yr[j] = accumulate ? yr[j] + s : s;
+              }
             }
           }
         }

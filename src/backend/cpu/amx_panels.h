@@ -22,7 +22,7 @@ bool amx_panels_active();
 // Tests and measurements only: switch the AMX path off or back on (on only where available).
 // The engine never switches: plain and speculative decoding must share one arithmetic.
 void set_amx_panels(bool on);
-// y[m, n] (+)= Σ_k x[m, k] · w[n, k] on AMX; x f32 with at most 32 rows, w packed bf16 panels.
+// y[m, n] (+)= Σ_k x[m, k] · w[n, k] on AMX; x f32 (any rows: 32 at a time), w packed bf16 panels.
 void amx_panel_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate);
 
 }  // namespace dflash

@@ -1,7 +1,5 @@
 #include "backend/cpu/bf16_panels.h"
 
-#include "backend/cpu/amx_panels.h"
-
 // GCC 12's false "may be used uninitialized" reports inside its own AVX-512 headers: see
 // cpu_backend.cc.
 #pragma GCC diagnostic push
@@ -228,10 +226,6 @@ void packed_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate)
   const int64_t M = x.rows, K = w.cols, N = w.rows;
   if (M > kPackedMaxRows) throw Error("cpu packed matmul: " + std::to_string(M) + " rows");
   if (M == 0 || N == 0) return;
-  if (w.dtype == DType::BF16 && amx_panels_active()) {
-    amx_panel_matmul(x, w, y, accumulate);
-    return;
-  }
   float* ys[kPackedMaxRows];
   for (int64_t m = 0; m < M; ++m) ys[m] = y.ptr<float>() + m * y.ld;
   // x interleaved by k, one block per chunk of up to 16 rows (a single row is its own).

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "backend/backend.h"
+#include "backend/cpu/amx_panels.h"
 #include "backend/cpu/bf16_panels.h"
 #include "util/error.h"
 
@@ -61,9 +62,13 @@ void banded_matmul_packed(const Tensor& x, const Tensor& w, Tensor& y, bool accu
 }
 
 // Decode and verification rows stream the weight once through the packed kernel, which is
-// also what keeps a verified row bit-identical to the same row decoded alone.
+// also what keeps a verified row bit-identical to the same row decoded alone. On AMX a prompt's
+// rows take the same kernel, 32 rows a pass over the weight (a 234-token prompt of the embedded
+// target: 42.8 ms through BLAS, docs/benchmarks.md).
 void matmul_packed(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
-  if (x.rows <= kPackedMaxRows)
+  if (w.dtype == DType::BF16 && amx_panels_active())
+    amx_panel_matmul(x, w, y, accumulate);
+  else if (x.rows <= kPackedMaxRows)
     packed_matmul(x, w, y, accumulate);
   else
     banded_matmul_packed(x, w, y, accumulate);
