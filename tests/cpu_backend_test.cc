@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "backend/backend.h"
 #include "backend/cpu/amx_panels.h"
@@ -57,6 +58,26 @@ Tensor upload_matrix(Backend& b, const std::vector<float>& wv, int64_t N, int64_
   return b.upload_weight({&info});
 }
 
+// Each row of x · wᵀ computed in one call of M rows equals that row computed alone, bit for bit.
+void expect_rows_alone_equal_rows_in_block(Backend& b, int M, int K, int N, DType dtype, uint32_t seed,
+                                           const std::string& what) {
+  const auto wv = random_values(size_t(N) * K, seed, 0.05f);
+  std::vector<uint16_t> wbits;
+  Tensor w = upload_matrix(b, wv, N, K, dtype, wbits);
+  ASSERT_TRUE(w.packed);
+  const auto xv = random_values(size_t(M) * K, seed + 1);
+  Tensor x = b.upload(xv.data(), M, K), y = b.alloc(M, N, DType::F32);
+  b.matmul(x, w, y);
+  const auto block = fetch(b, y);
+  for (int m = 0; m < M; ++m) {
+    Tensor xr = b.upload(xv.data() + size_t(m) * K, 1, K), yr = b.alloc(1, N, DType::F32);
+    b.matmul(xr, w, yr);
+    const auto alone = fetch(b, yr);
+    ASSERT_EQ(0, std::memcmp(alone.data(), block.data() + size_t(m) * N, N * sizeof(float)))
+        << "row " << m << " of " << M << "x" << K << "x" << N << " " << dtype_name(dtype) << what;
+  }
+}
+
 TEST(CpuBatchInvariance, PackedMatmulRowAloneEqualsRowInBlock) {
   auto b = make_cpu_backend();
   const RestoreProductKernel restore;
@@ -65,24 +86,8 @@ TEST(CpuBatchInvariance, PackedMatmulRowAloneEqualsRowInBlock) {
     // Rows 1 … 32 (AMX: one to four A tiles), K not a multiple of 32, N not of 16 or 48.
     for (auto [M, K, N, dtype] : {std::tuple{16, 384, 1152, DType::BF16}, {32, 1152, 384, DType::BF16},
                                   {7, 100, 37, DType::BF16}, {20, 64, 4160, DType::BF16}, {5, 96, 200, DType::BF16},
-                                  {12, 33, 49, DType::BF16}, {16, 96, 200, DType::F32}, {32, 64, 33, DType::F32}}) {
-      const auto wv = random_values(size_t(N) * K, 1, 0.05f);
-      std::vector<uint16_t> wbits;
-      Tensor w = upload_matrix(*b, wv, N, K, dtype, wbits);
-      ASSERT_TRUE(w.packed);
-      const auto xv = random_values(size_t(M) * K, 2);
-      Tensor x = b->upload(xv.data(), M, K), y = b->alloc(M, N, DType::F32);
-      b->matmul(x, w, y);
-      const auto block = fetch(*b, y);
-      for (int m = 0; m < M; ++m) {
-        Tensor xr = b->upload(xv.data() + size_t(m) * K, 1, K), yr = b->alloc(1, N, DType::F32);
-        b->matmul(xr, w, yr);
-        const auto alone = fetch(*b, yr);
-        ASSERT_EQ(0, std::memcmp(alone.data(), block.data() + size_t(m) * N, N * sizeof(float)))
-            << "row " << m << " of " << M << "x" << K << "x" << N << " " << dtype_name(dtype)
-            << (amx ? " on AMX" : " on AVX-512");
-      }
-    }
+                                  {12, 33, 49, DType::BF16}, {16, 96, 200, DType::F32}, {32, 64, 33, DType::F32}})
+      expect_rows_alone_equal_rows_in_block(*b, M, K, N, dtype, 1, amx ? " on AMX" : " on AVX-512");
   }
 }
 
@@ -93,22 +98,8 @@ TEST(CpuBatchInvariance, AmxPromptRowsEqualRowsAlone) {
   const RestoreProductKernel restore;
   set_amx_panels(true);
   if (!amx_panels_active()) GTEST_SKIP() << "needs AMX (this CPU or kernel has none)";
-  for (auto [M, K, N] : {std::tuple{70, 384, 200}, {33, 100, 37}}) {
-    const auto wv = random_values(size_t(N) * K, 21, 0.05f);
-    std::vector<uint16_t> wbits;
-    Tensor w = upload_matrix(*b, wv, N, K, DType::BF16, wbits);
-    const auto xv = random_values(size_t(M) * K, 22);
-    Tensor x = b->upload(xv.data(), M, K), y = b->alloc(M, N, DType::F32);
-    b->matmul(x, w, y);
-    const auto block = fetch(*b, y);
-    for (int m = 0; m < M; ++m) {
-      Tensor xr = b->upload(xv.data() + size_t(m) * K, 1, K), yr = b->alloc(1, N, DType::F32);
-      b->matmul(xr, w, yr);
-      const auto alone = fetch(*b, yr);
-      ASSERT_EQ(0, std::memcmp(alone.data(), block.data() + size_t(m) * N, N * sizeof(float)))
-          << "row " << m << " of " << M << "x" << K << "x" << N;
-    }
-  }
+  for (auto [M, K, N] : {std::tuple{70, 384, 200}, {33, 100, 37}})
+    expect_rows_alone_equal_rows_in_block(*b, M, K, N, DType::BF16, 21, " on AMX");
 }
 
 // Both kernels keep f32-compute accuracy on bf16 weights (AMX through x's hi + lo parts): every
