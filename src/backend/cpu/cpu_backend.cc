@@ -64,7 +64,7 @@ void banded_matmul_packed(const Tensor& x, const Tensor& w, Tensor& y, bool accu
 // Decode and verification rows stream the weight once through the packed kernel, which is
 // also what keeps a verified row bit-identical to the same row decoded alone. On AMX a prompt's
 // rows take the same kernel, 32 rows a pass over the weight (a 234-token prompt of the embedded
-// target: 42.8 ms through BLAS, docs/benchmarks.md).
+// target: 18.3 against 42.3 ms through BLAS in the same run, docs/benchmarks.md).
 void matmul_packed(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate) {
   if (w.dtype == DType::BF16 && amx_panels_active())
     amx_panel_matmul(x, w, y, accumulate);
