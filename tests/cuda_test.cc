@@ -787,8 +787,6 @@ TEST(CudaQueuedSteps, EqualHostDrivenSteps) {
     auto target = Qwen3Model::load(tiny(t), *backend);
     auto drafter = DFlashDrafter::load(tiny(d), *target);
     expect_queued_equals_host_driven(*target, *drafter, 8, 11);
-    // Three decode steps a graph, and the draft as a graph too (EngineOptions).
-    expect_queued_equals_host_driven(*target, *drafter, 8, 13, 3, true);
   }
 #ifdef DFLASH_CUDA  // a build without it has skipped above: no GPU backend
   const cuda::GraphCounts graphs = cuda::graph_counts(*backend);

@@ -29,10 +29,6 @@ Engine::Engine(Qwen3Model& target, DFlashDrafter* drafter, EngineOptions options
   if (const char* e = std::getenv("DFLASH_QUEUE_AHEAD"); e && std::string(e) == "0") options_.queue_ahead = false;
   if (const char* e = std::getenv("DFLASH_CONTEXT_AHEAD"); e && (std::string(e) == "0" || std::string(e) == "1"))
     options_.context_ahead = std::atoi(e);
-  if (const char* e = std::getenv("DFLASH_DECODE_STEPS_PER_RECORDING"); e && std::atoi(e) >= 1)
-    options_.decode_steps_per_recording = std::atoi(e);
-  if (const char* e = std::getenv("DFLASH_RECORD_DRAFT"); e && (std::string(e) == "0" || std::string(e) == "1"))
-    options_.record_draft = std::string(e) == "1";
 }
 
 void Engine::check_request(const GenerationRequest& r) const {
@@ -105,16 +101,12 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
   st.prompt_tokens = static_cast<int64_t>(r.prompt.size());
   const int64_t capacity = std::min<int64_t>(context_length_, int64_t(r.prompt.size()) + r.max_new_tokens);
   Backend& b = target_.backend();
-  const int per_unit = std::max(1, options_.decode_steps_per_recording);
 
   Stopwatch total;
   SequenceState state = target_.new_sequence(capacity);
-  // A unit's steps write their ids into one of two buffers in turn (the unit queued ahead
-  // writes the other); `last` is the id the next step embeds.
-  Tensor ids[2] = {b.alloc(per_unit, 1, DType::I32), b.alloc(per_unit, 1, DType::I32)};
-  Tensor last = ids[1].slice_rows(per_unit - 1, 1);
-  b.argmax_rows_into(target_.forward(state, r.prompt, false).logits, last);
-  int32_t token = b.read_ids(last)->get()[0];
+  Tensor next = b.alloc(1, 1, DType::I32);  // the id the next step embeds
+  b.argmax_rows_into(target_.forward(state, r.prompt, false).logits, next);
+  int32_t token = b.read_ids(next)->get()[0];
   st.prefill_seconds = total.seconds();
   out.commit(token);
   // The prefill gave the first token, so max_new_tokens − 1 steps can be used: a step past
@@ -122,50 +114,32 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
   // request's decoding).
   const int64_t usable_steps = int64_t(r.max_new_tokens) - 1;
   int64_t queued = 0;
-  int unit_count = 0;
-  struct Unit {
-    std::unique_ptr<PendingIds> ids;
-    int steps = 0;
+  auto queue_step = [&] {
+    b.queue_recorded("decode", [&] { b.argmax_rows_into(target_.forward(state, next, false).logits, next); },
+                     nullptr);
+    ++queued;
+    return b.read_ids(next);
   };
-  // Queues the next unit: as many steps as fit (per_unit at most), 0 when none does.
-  auto queue_unit = [&]() -> Unit {
-    const int n = int(std::min<int64_t>({per_unit, usable_steps - queued, capacity - state.length()}));
-    if (n < 1) return {};
-    Tensor out_ids = ids[unit_count++ % 2];
-    b.queue_recorded(n == 1 ? "decode" : "decode " + std::to_string(n), [&] {
-      for (int i = 0; i < n; ++i) {
-        Tensor next = out_ids.slice_rows(i, 1);
-        b.argmax_rows_into(target_.forward(state, last, false).logits, next);
-        last = next;
-      }
-    }, nullptr);
-    queued += n;
-    return {b.read_ids(out_ids.slice_rows(0, n)), n};
-  };
-  Unit current, ahead;
+  std::unique_ptr<PendingIds> current, ahead;
   while (!out.done()) {
     Stopwatch step;
-    if (!current.ids) {
-      current = queue_unit();
-      if (!current.ids) {  // nothing pending and no step fits: the context is full
+    if (!current) {
+      if (state.length() >= capacity) {
         out.context_exhausted();
         break;
       }
+      current = queue_step();
     }
-    ahead = queue_unit();
-    const std::vector<int32_t> got = current.ids->get();
+    if (state.length() < capacity && queued < usable_steps) ahead = queue_step();
+    token = current->get()[0];
+    ++st.plain_steps;
     st.plain_seconds += step.seconds();
-    int used = 0;
-    while (used < current.steps && !out.done()) {
-      ++st.plain_steps;
-      out.commit(got[size_t(used++)]);
-    }
-    st.discarded_steps += current.steps - used;
+    out.commit(token);
     current = std::move(ahead);
   }
-  if (current.ids) {  // steps queued past the end (a stop the host could not foresee): drained, dropped
-    current.ids->get();
-    st.discarded_steps += current.steps;
+  if (current) {  // a step queued past the end (a stop the host could not foresee): drained, dropped
+    current->get();
+    ++st.discarded_steps;
   }
   st.finish_request(static_cast<int64_t>(result.tokens.size()), total.seconds());
   return result;

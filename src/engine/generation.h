@@ -52,16 +52,6 @@ struct EngineOptions {
   // before queuing the next (what other sampling does; the same tokens). DFLASH_QUEUE_AHEAD=0
   // sets it false (measuring).
   bool queue_ahead = true;
-  // Queued greedy plain decoding records this many steps as one unit (one CUDA graph, one read
-  // of their ids), so that the passage from one step's graph to the next and the ids' copy are
-  // paid once for them; a stop inside the unit drops the steps after it. The same tokens.
-  // DFLASH_DECODE_STEPS_PER_RECORDING sets it (measuring).
-  int decode_steps_per_recording = 1;
-  // With the ids on the device, the draft (the anchor's upload, the drafter's pass and its
-  // argmax) is queued as one recording too, recorded while the device runs the drafter's
-  // context update queued ahead of it. The same tokens. DFLASH_RECORD_DRAFT=0 or 1 sets it
-  // (measuring).
-  bool record_draft = false;
   // When the drafter's context rows for a verified block are queued. 1: right behind the
   // verification, every row of the block (the rejected rows are then truncated away, as the
   // target's are), so that the update runs while the host waits for the block's result and

@@ -98,21 +98,16 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       Tensor block_ids = ids.slice_rows(0, B), choice_ids = ids.slice_rows(B, B);
       Tensor anchor_id = block_ids.slice_rows(0, 1), draft_ids = block_ids.slice_rows(1, B - 1);
       const auto draft_start = b.mark();
-      auto draft = [&] {
-        b.write_ids({anchor}, anchor_id);
-        b.argmax_rows_into(drafter_->draft(drafter_state, anchor, draft_block_, B), draft_ids);
-      };
-      // A recording runs faster but starts only once recorded (engine/recording_rule.h).
-      const bool record = b.records_steps() && recording.record(st.steps);
-      if (record && options_.record_draft) b.queue_recorded("draft " + std::to_string(B), draft, nullptr);
-      else draft();
+      b.write_ids({anchor}, anchor_id);
+      b.argmax_rows_into(drafter_->draft(drafter_state, anchor, draft_block_, B), draft_ids);
       const auto drafted = b.mark();
       auto verify = [&] {
         v = target_.forward(target_state, block_ids, true, feature_layers);
         b.argmax_rows_into(v.logits, choice_ids);
       };
+      // A recording runs faster but starts only once recorded (engine/recording_rule.h).
       std::unique_ptr<QueueMark> started, verified;
-      if (record) {
+      if (b.records_steps() && recording.record(st.steps)) {
         b.queue_recorded("verify " + std::to_string(B), verify, &started);
         recording.launched(B);
         verified = b.mark();
