@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "util/dtype.h"
@@ -95,6 +96,76 @@ void panel_tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64
       _mm512_mask_storeu_ps(ys[m] + n, mask, v);
     }
   }
+#elif defined(__AVX2__) && defined(__FMA__)
+  // Each panel's line as two 8-lane halves (rows 0-7 and 8-15 of the panel), x's rows at most
+  // four a pass so that the accumulators stay in the 16 registers; each output is the same
+  // chain of FMAs over k as above, so the same bits.
+  auto rows_pass = [&](auto rows_const, int m0) {
+    constexpr int G = decltype(rows_const)::value;
+    __m256 acc[P][G][2];
+    for (int p = 0; p < P; ++p)
+      for (int m = 0; m < G; ++m) acc[p][m][0] = acc[p][m][1] = _mm256_setzero_ps();
+    if constexpr (sizeof(W) == 2) {
+      const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+      for (int64_t k = 0; k < K; k += 2) {
+        const float* xk = xt + k * MR + m0;
+        const bool pair = k + 1 < K;
+        for (int p = 0; p < P; ++p) {
+          const W* at = wp + p * stride + k * kPanelRows;
+          _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchAhead * kPanelRows), _MM_HINT_T0);
+          const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+          const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at) + 1);
+          const __m256 w0[2] = {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+                                _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+          for (int m = 0; m < G; ++m) {
+            const __m256 xv = _mm256_set1_ps(xk[m]);
+            acc[p][m][0] = _mm256_fmadd_ps(xv, w0[0], acc[p][m][0]);
+            acc[p][m][1] = _mm256_fmadd_ps(xv, w0[1], acc[p][m][1]);
+          }
+          if (pair) {
+            const __m256 w1[2] = {_mm256_castsi256_ps(_mm256_and_si256(lo, high)),
+                                  _mm256_castsi256_ps(_mm256_and_si256(hi, high))};
+            for (int m = 0; m < G; ++m) {
+              const __m256 xv = _mm256_set1_ps(xk[MR + m]);
+              acc[p][m][0] = _mm256_fmadd_ps(xv, w1[0], acc[p][m][0]);
+              acc[p][m][1] = _mm256_fmadd_ps(xv, w1[1], acc[p][m][1]);
+            }
+          }
+        }
+      }
+    } else {
+      for (int64_t k = 0; k < K; ++k) {
+        const float* xk = xt + k * MR + m0;
+        for (int p = 0; p < P; ++p) {
+          const W* at = wp + p * stride + k * kPanelRows;
+          _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchAhead * kPanelRows), _MM_HINT_T0);
+          const __m256 wv[2] = {_mm256_loadu_ps(reinterpret_cast<const float*>(at)),
+                                _mm256_loadu_ps(reinterpret_cast<const float*>(at) + 8)};
+          for (int m = 0; m < G; ++m) {
+            const __m256 xv = _mm256_set1_ps(xk[m]);
+            acc[p][m][0] = _mm256_fmadd_ps(xv, wv[0], acc[p][m][0]);
+            acc[p][m][1] = _mm256_fmadd_ps(xv, wv[1], acc[p][m][1]);
+          }
+        }
+      }
+    }
+    for (int p = 0; p < P; ++p) {
+      const int64_t n = n0 + p * kPanelRows;
+      if (n >= N) break;
+      const int64_t valid = std::min<int64_t>(kPanelRows, N - n);
+      for (int m = 0; m < G; ++m) {
+        alignas(32) float v[kPanelRows];
+        _mm256_store_ps(v, acc[p][m][0]);
+        _mm256_store_ps(v + 8, acc[p][m][1]);
+        float* y = ys[m0 + m] + n;
+        for (int64_t i = 0; i < valid; ++i) y[i] = accumulate ? v[i] + y[i] : v[i];
+      }
+    }
+  };
+  constexpr int kRowsAPass = 4;
+  for (int m0 = 0; m0 + kRowsAPass <= MR; m0 += kRowsAPass) rows_pass(std::integral_constant<int, kRowsAPass>{}, m0);
+  if constexpr (MR % kRowsAPass != 0)
+    rows_pass(std::integral_constant<int, MR % kRowsAPass>{}, MR - MR % kRowsAPass);
 #else
   for (int p = 0; p < P; ++p)
     for (int i = 0; i < kPanelRows; ++i) {
@@ -109,8 +180,13 @@ void panel_tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64
 #endif
 }
 
-// Panels per tile by rows: enough FMA chains to cover the FMA latency, few enough registers.
+// Panels per tile by rows: enough FMA chains to cover the FMA latency, few enough registers
+// (AVX2: 16 registers of 8 lanes, each panel two of them a row, at most four rows a pass).
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+constexpr int panels_for(int rows) { return rows <= 1 ? 4 : rows <= 2 ? 2 : 1; }
+#else
 constexpr int panels_for(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
+#endif
 
 template <typename W>
 using TileFn = void (*)(const float*, const W*, int64_t, float* const*, int64_t, int64_t, bool);

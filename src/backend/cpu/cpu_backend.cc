@@ -132,10 +132,31 @@ inline float dot(const float* a, const float* b, int64_t n) {
     i = n;
   }
   sum = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (float l : lanes) sum += l;
 #endif
   for (; i < n; ++i) sum = std::fma(a[i], b[i], sum);
   return sum;
 }
+
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+// out[0 … 8·NV) += Σ_j p[j] · v[j·ldv …], the accumulators in registers (AVX2: 16 of them, so
+// at most 8 a pass).
+template <int NV>
+void weighted_sum_regs8(const float* p, int64_t n, const float* v, int64_t ldv, float* out) {
+  __m256 a[NV];
+  for (int i = 0; i < NV; ++i) a[i] = _mm256_loadu_ps(out + 8 * i);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (int i = 0; i < NV; ++i) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * ldv + 8 * i), a[i]);
+  }
+  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + 8 * i, a[i]);
+}
+#endif
 
 #ifdef __AVX512F__
 // out[0 … 16·NV) += Σ_j p[j] · v[j·ldv …], the accumulators in registers (a chain through memory
@@ -163,6 +184,9 @@ inline void axpy(float p, const float* x, float* y, int64_t n) {
     _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
     i = n;
   }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 pv = _mm256_set1_ps(p);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 #endif
   for (; i < n; ++i) y[i] = std::fma(p, x[i], y[i]);
 }
@@ -177,6 +201,15 @@ inline void weighted_sum(const float* p, int64_t n, const float* v, int64_t ldv,
     case 128: return weighted_sum_regs<8>(p, n, v, ldv, out);
     case 256: return weighted_sum_regs<16>(p, n, v, ldv, out);
     default: break;
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  // Each out[d] is the same chain over j however d is split into passes of 64.
+  if (D % 32 == 0) {
+    for (int64_t d = 0; d < D; d += 64) {
+      if (D - d >= 64) weighted_sum_regs8<8>(p, n, v + d, ldv, out + d);
+      else weighted_sum_regs8<4>(p, n, v + d, ldv, out + d);
+    }
+    return;
   }
 #endif
   for (int64_t j = 0; j < n; ++j) axpy(p[j], v + j * ldv, out, D);
