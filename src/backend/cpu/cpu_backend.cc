@@ -93,6 +93,24 @@ inline __m512 exp_avx512(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);  // p · 2^n, exact, with overflow to inf and underflow to 0
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// exp_avx512's 8-lane twin: the same polynomial; 2^n is built in the exponent bits, so where
+// n = −127 (x near −88) it gives 0 where scalef gives a subnormal.
+inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-88.0f));
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.693147180559945309f));
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
 #endif
 
 // row[j] ← exp(row[j] − max) over the first n entries; returns 1 / Σ (0 when n is 0).
@@ -111,6 +129,17 @@ inline float softmax_numerators(float* row, int64_t n) {
     acc = _mm512_add_ps(acc, e);
   }
   sum = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 mv = _mm256_set1_ps(mx);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + j), mv));
+    _mm256_storeu_ps(row + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (float l : lanes) sum += l;
 #endif
   for (; j < n; ++j) {
     row[j] = std::exp(row[j] - mx);
@@ -384,6 +413,13 @@ class CpuBackend final : public Backend {
         const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
         const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+      }
+#elif defined(__AVX2__) && defined(__FMA__)
+      for (; i + 8 <= I; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
       }
 #endif
       for (; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
