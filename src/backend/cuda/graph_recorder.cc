@@ -1,8 +1,6 @@
 #include "backend/cuda/graph_recorder.h"
 
 #include <chrono>
-#include <cstdlib>
-#include <string>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -46,26 +44,6 @@ GraphRecorder::~GraphRecorder() {
   for (auto& [key, r] : recorded_)
     for (auto e : r.exec)
       if (e) cudaGraphExecDestroy(e);
-  if (uploaded_) cudaEventDestroy(uploaded_);
-  if (upload_stream_) cudaStreamDestroy(upload_stream_);
-}
-
-// DFLASH_GRAPH_UPLOAD_AHEAD=1 (measuring): each updated or new executable is uploaded on a side
-// stream as soon as it is ready, and the launch waits for that upload, instead of the upload
-// happening inside the launch, in the compute stream's order, after the work queued ahead of it.
-void GraphRecorder::upload_ahead(cudaGraphExec_t exec, const char* op) {
-  static const bool on = [] {
-    const char* e = std::getenv("DFLASH_GRAPH_UPLOAD_AHEAD");
-    return e && std::string(e) == "1";
-  }();
-  if (!on) return;
-  if (!upload_stream_) {
-    check(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking), op, "cudaStreamCreate");
-    check(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming), op, "cudaEventCreate");
-  }
-  check(cudaGraphUpload(exec, upload_stream_), op, "cudaGraphUpload");
-  check(cudaEventRecord(uploaded_, upload_stream_), op, "cudaEventRecord");
-  check(cudaStreamWaitEvent(stream_, uploaded_, 0), op, "cudaStreamWaitEvent");
 }
 
 void GraphRecorder::queue(const std::string& key, const std::function<void()>& step,
@@ -94,7 +72,6 @@ void GraphRecorder::queue(const std::string& key, const std::function<void()>& s
       check(cudaGraphInstantiate(&exec, graph.get(), 0), op.c_str(), "cudaGraphInstantiate");
       ++counts_.instantiated;
     }
-    upload_ahead(exec, op.c_str());
     before_launch();
     check(cudaGraphLaunch(exec, stream_), op.c_str(), "cudaGraphLaunch");
   } catch (...) {

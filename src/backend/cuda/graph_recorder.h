@@ -37,10 +37,6 @@ class GraphRecorder {
   // since the capture began once the graph is launched; this does when step() throws.
   cudaGraph_t capture(const std::function<void()>& step, const char* op);
 
-  void upload_ahead(cudaGraphExec_t exec, const char* op);
-  cudaStream_t upload_stream_ = nullptr;
-  cudaEvent_t uploaded_ = nullptr;
-
   struct RecordedStep {
     cudaGraphExec_t exec[2] = {nullptr, nullptr};
     int next = 0;
