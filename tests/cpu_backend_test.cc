@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/amx_panels.h"
+#include "backend/cpu/bf16_panels.h"
 #include "test_util.h"
 
 using namespace dflash;
@@ -30,18 +31,34 @@ std::vector<float> fetch(Backend& b, const Tensor& t) {
   return v;
 }
 
-// The products' kernels this CPU has: the vector kernel (AVX-512, AVX2 or scalar) always, AMX where the build and the
-// kernel allow. Each is checked on its own; the process's choice is restored afterwards.
-std::vector<bool> product_kernels() {
-  std::vector<bool> kernels{false};
+// The products' kernels this build and CPU have: each vector kernel built (scalar, AVX2 where the
+// build targets it, AVX-512 where it does), and AMX where the build and the kernel allow. Each is
+// checked on its own; the process's choice is restored afterwards.
+struct ProductKernel {
+  bool amx;
+  PanelKernel panel;
+  std::string name() const { return amx ? " on AMX" : std::string(" on the ") + panel_kernel_name(panel) + " kernel"; }
+  void use() const {
+    set_amx_panels(amx);
+    set_panel_kernel(panel);
+  }
+};
+
+std::vector<ProductKernel> product_kernels() {
+  std::vector<ProductKernel> kernels;
+  for (PanelKernel k : built_panel_kernels()) kernels.push_back({false, k});
   set_amx_panels(true);
-  if (amx_panels_active()) kernels.push_back(true);
+  if (amx_panels_active()) kernels.push_back({true, panel_kernel()});
   return kernels;
 }
 
 struct RestoreProductKernel {
   bool was = amx_panels_active();
-  ~RestoreProductKernel() { set_amx_panels(was); }
+  PanelKernel panel = panel_kernel();
+  ~RestoreProductKernel() {
+    set_amx_panels(was);
+    set_panel_kernel(panel);
+  }
 };
 
 Tensor upload_matrix(Backend& b, const std::vector<float>& wv, int64_t N, int64_t K, DType dtype,
@@ -81,13 +98,13 @@ void expect_rows_alone_equal_rows_in_block(Backend& b, int M, int K, int N, DTyp
 TEST(CpuBatchInvariance, PackedMatmulRowAloneEqualsRowInBlock) {
   auto b = make_cpu_backend();
   const RestoreProductKernel restore;
-  for (const bool amx : product_kernels()) {
-    set_amx_panels(amx);
+  for (const ProductKernel& kernel : product_kernels()) {
+    kernel.use();
     // Rows 1 … 32 (AMX: one to four A tiles), K not a multiple of 32, N not of 16 or 48.
     for (auto [M, K, N, dtype] : {std::tuple{16, 384, 1152, DType::BF16}, {32, 1152, 384, DType::BF16},
                                   {7, 100, 37, DType::BF16}, {20, 64, 4160, DType::BF16}, {5, 96, 200, DType::BF16},
                                   {12, 33, 49, DType::BF16}, {16, 96, 200, DType::F32}, {32, 64, 33, DType::F32}})
-      expect_rows_alone_equal_rows_in_block(*b, M, K, N, dtype, 1, amx ? " on AMX" : " on the vector kernel");
+      expect_rows_alone_equal_rows_in_block(*b, M, K, N, dtype, 1, kernel.name());
   }
 }
 
@@ -102,7 +119,7 @@ TEST(CpuBatchInvariance, AmxPromptRowsEqualRowsAlone) {
     expect_rows_alone_equal_rows_in_block(*b, M, K, N, DType::BF16, 21, " on AMX");
 }
 
-// The vector kernel (AVX-512, AVX2 or scalar, whichever the build targets) sums each output as
+// Every vector kernel built (scalar, AVX2, AVX-512) sums each output as
 // one chain of f32 FMAs over k in ascending order, then adds the accumulate input: the order
 // bf16_panels.h promises, so every build of it gives the same bits. Checked bit for bit against
 // that chain written out with std::fma, at row counts that take each tile shape (1, 2, 3, 4 and
@@ -111,6 +128,8 @@ TEST(CpuProducts, VectorKernelSumsEachOutputAsOneFmaChain) {
   auto b = make_cpu_backend();
   const RestoreProductKernel restore;
   set_amx_panels(false);
+  for (PanelKernel kernel : built_panel_kernels()) {
+  set_panel_kernel(kernel);
   for (auto [M, K, N, dtype] : {std::tuple{1, 100, 70, DType::BF16}, {2, 64, 37, DType::BF16}, {3, 33, 50, DType::BF16},
                                 {5, 96, 20, DType::BF16}, {16, 65, 33, DType::BF16}, {32, 40, 17, DType::BF16},
                                 {1, 50, 40, DType::F32}, {7, 31, 18, DType::F32}}) {
@@ -131,9 +150,10 @@ TEST(CpuProducts, VectorKernelSumsEachOutputAsOneFmaChain) {
         }
         const float want = s + y0[size_t(m) * N + n];
         ASSERT_EQ(0, std::memcmp(&want, &got[size_t(m) * N + n], sizeof(float)))
-            << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << " " << dtype_name(dtype) << ": "
-            << got[size_t(m) * N + n] << " against " << want;
+            << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << " " << dtype_name(dtype) << " on the "
+            << panel_kernel_name(kernel) << " kernel: " << got[size_t(m) * N + n] << " against " << want;
       }
+  }
   }
 }
 
@@ -144,8 +164,8 @@ TEST(CpuProducts, VectorKernelSumsEachOutputAsOneFmaChain) {
 TEST(CpuProducts, Bf16PanelsKeepF32Accuracy) {
   auto b = make_cpu_backend();
   const RestoreProductKernel restore;
-  for (const bool amx : product_kernels()) {
-    set_amx_panels(amx);
+  for (const ProductKernel& kernel : product_kernels()) {
+    kernel.use();
     for (auto [M, K, N] : {std::tuple{1, 384, 1152}, {16, 1152, 384}, {9, 100, 37}, {32, 64, 70}, {45, 96, 50}}) {
       const auto wv = random_values(size_t(N) * K, 11, 0.05f);
       std::vector<uint16_t> wbits;
@@ -166,7 +186,7 @@ TEST(CpuProducts, Bf16PanelsKeepF32Accuracy) {
         }
         for (int n = 0; n < N; ++n)
           ASSERT_NEAR(got[size_t(m) * N + n], want[size_t(n)], 1e-5 * scale)
-              << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << (amx ? " on AMX" : " on the vector kernel");
+              << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << (kernel.name());
       }
     }
   }
@@ -177,8 +197,8 @@ TEST(CpuProducts, Bf16PanelsKeepF32Accuracy) {
 TEST(CpuProducts, HugeActivationsStayFinite) {
   auto b = make_cpu_backend();
   const RestoreProductKernel restore;
-  for (const bool amx : product_kernels()) {
-    set_amx_panels(amx);
+  for (const ProductKernel& kernel : product_kernels()) {
+    kernel.use();
     const int64_t K = 64, N = 16;
     std::vector<float> wv(size_t(N * K), 0.f);
     for (int64_t n = 0; n < N; ++n) wv[size_t(n * K + n)] = 0.5f;  // y[n] = x[n] / 2
@@ -190,8 +210,8 @@ TEST(CpuProducts, HugeActivationsStayFinite) {
     b->matmul(x, w, y);
     const auto got = fetch(*b, y);
     for (int64_t n = 0; n < N; ++n) {
-      ASSERT_TRUE(std::isfinite(got[size_t(n)])) << n << (amx ? " on AMX" : " on the vector kernel");
-      EXPECT_NEAR(got[size_t(n)], xv[size_t(n)] / 2, 1e-5 * 1.7e38) << n << (amx ? " on AMX" : " on the vector kernel");
+      ASSERT_TRUE(std::isfinite(got[size_t(n)])) << n << (kernel.name());
+      EXPECT_NEAR(got[size_t(n)], xv[size_t(n)] / 2, 1e-5 * 1.7e38) << n << (kernel.name());
     }
   }
 }

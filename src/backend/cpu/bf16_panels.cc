@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -50,158 +52,220 @@ inline float weight_f32(float v) { return v; }
 // (m, panel) accumulator is a chain of FMAs over k; P panels side by side keep enough
 // independent chains in flight when MR is small. bf16 panels are walked a column pair (one
 // line) at a time, column k before k + 1, so the chains are the same as one column a step.
-template <typename W, int MR, int P>
-void panel_tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
-                bool accumulate) {
-  const int64_t stride = panel_cols<W>(K) * kPanelRows;  // elements from one panel to the next
-#ifdef __AVX512F__
-  __m512 acc[P][MR];
-  for (int p = 0; p < P; ++p)
-    for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_setzero_ps();
-  if constexpr (sizeof(W) == 2) {
-    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
-    for (int64_t k = 0; k < K; k += 2) {
-      const float* xk = xt + k * MR;
-      const bool pair = k + 1 < K;
-      for (int p = 0; p < P; ++p) {
-        // The weights stream from memory: the hardware prefetcher alone keeps too few lines in
-        // flight for one stream per thread (measured: loads were 60% of a verification step).
-        _mm_prefetch(reinterpret_cast<const char*>(wp + p * stride + (k + kPrefetchAhead) * kPanelRows), _MM_HINT_T0);
-        const __m512i line = _mm512_loadu_si512(wp + p * stride + k * kPanelRows);
-        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(line, 16));  // column k: the low halves
-        for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[m]), w0, acc[p][m]);
-        if (pair) {
-          const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(line, high));  // column k + 1
-          for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[MR + m]), w1, acc[p][m]);
+// Each kernel is a struct: its tile function and its panels per tile by rows (enough FMA chains
+// to cover the FMA latency, few enough registers). Every one sums each output over k in
+// ascending order in one f32 lane, so all of them give the same bits (bf16_panels.h).
+struct ScalarTiles {
+  static constexpr PanelKernel kKernel = PanelKernel::Scalar;
+  static constexpr int panels_for(int) { return 1; }
+  template <typename W, int MR, int P>
+  static void tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
+                   bool accumulate) {
+    const int64_t stride = panel_cols<W>(K) * kPanelRows;  // elements from one panel to the next
+    for (int p = 0; p < P; ++p)
+      for (int i = 0; i < kPanelRows; ++i) {
+        const int64_t n = n0 + p * kPanelRows + i;
+        if (n >= N) break;
+        for (int m = 0; m < MR; ++m) {
+          float s = 0.f;
+          for (int64_t k = 0; k < K; ++k) s = std::fma(xt[k * MR + m], weight_f32(wp[p * stride + panel_offset<W>(k, i)]), s);
+          ys[m][n] = accumulate ? ys[m][n] + s : s;
         }
       }
-    }
-  } else {
-    for (int64_t k = 0; k < K; ++k) {
-      const float* xk = xt + k * MR;
-      for (int p = 0; p < P; ++p) {
-        _mm_prefetch(reinterpret_cast<const char*>(wp + p * stride + (k + kPrefetchAhead) * kPanelRows), _MM_HINT_T0);
-        const __m512 wv = _mm512_loadu_ps(wp + p * stride + k * kPanelRows);
-        for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[m]), wv, acc[p][m]);
-      }
-    }
   }
-  for (int p = 0; p < P; ++p) {
-    const int64_t n = n0 + p * kPanelRows;
-    if (n >= N) break;
-    const __mmask16 mask = N - n >= kPanelRows ? __mmask16(0xffff) : __mmask16((1u << (N - n)) - 1);
-    for (int m = 0; m < MR; ++m) {
-      __m512 v = acc[p][m];
-      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, ys[m] + n));
-      _mm512_mask_storeu_ps(ys[m] + n, mask, v);
-    }
-  }
-#elif defined(__AVX2__) && defined(__FMA__)
-  // Each panel's line as two 8-lane halves (rows 0-7 and 8-15 of the panel), x's rows at most
-  // four a pass so that the accumulators stay in the 16 registers; each output is the same
-  // chain of FMAs over k as above, so the same bits.
-  auto rows_pass = [&](auto rows_const, int m0) {
-    constexpr int G = decltype(rows_const)::value;
-    __m256 acc[P][G][2];
+};
+
+#ifdef __AVX512F__
+struct Avx512Tiles {
+  static constexpr PanelKernel kKernel = PanelKernel::Avx512;
+  static constexpr int panels_for(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
+  template <typename W, int MR, int P>
+  static void tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
+                   bool accumulate) {
+    const int64_t stride = panel_cols<W>(K) * kPanelRows;  // elements from one panel to the next
+    __m512 acc[P][MR];
     for (int p = 0; p < P; ++p)
-      for (int m = 0; m < G; ++m) acc[p][m][0] = acc[p][m][1] = _mm256_setzero_ps();
+      for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_setzero_ps();
     if constexpr (sizeof(W) == 2) {
-      const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+      const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
       for (int64_t k = 0; k < K; k += 2) {
-        const float* xk = xt + k * MR + m0;
+        const float* xk = xt + k * MR;
         const bool pair = k + 1 < K;
         for (int p = 0; p < P; ++p) {
-          const W* at = wp + p * stride + k * kPanelRows;
-          _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchAhead * kPanelRows), _MM_HINT_T0);
-          const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-          const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at) + 1);
-          const __m256 w0[2] = {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
-                                _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
-          for (int m = 0; m < G; ++m) {
-            const __m256 xv = _mm256_set1_ps(xk[m]);
-            acc[p][m][0] = _mm256_fmadd_ps(xv, w0[0], acc[p][m][0]);
-            acc[p][m][1] = _mm256_fmadd_ps(xv, w0[1], acc[p][m][1]);
-          }
+          // The weights stream from memory: the hardware prefetcher alone keeps too few lines in
+          // flight for one stream per thread (measured: loads were 60% of a verification step).
+          _mm_prefetch(reinterpret_cast<const char*>(wp + p * stride + (k + kPrefetchAhead) * kPanelRows), _MM_HINT_T0);
+          const __m512i line = _mm512_loadu_si512(wp + p * stride + k * kPanelRows);
+          const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(line, 16));  // column k: the low halves
+          for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[m]), w0, acc[p][m]);
           if (pair) {
-            const __m256 w1[2] = {_mm256_castsi256_ps(_mm256_and_si256(lo, high)),
-                                  _mm256_castsi256_ps(_mm256_and_si256(hi, high))};
-            for (int m = 0; m < G; ++m) {
-              const __m256 xv = _mm256_set1_ps(xk[MR + m]);
-              acc[p][m][0] = _mm256_fmadd_ps(xv, w1[0], acc[p][m][0]);
-              acc[p][m][1] = _mm256_fmadd_ps(xv, w1[1], acc[p][m][1]);
-            }
+            const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(line, high));  // column k + 1
+            for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[MR + m]), w1, acc[p][m]);
           }
         }
       }
     } else {
       for (int64_t k = 0; k < K; ++k) {
-        const float* xk = xt + k * MR + m0;
+        const float* xk = xt + k * MR;
         for (int p = 0; p < P; ++p) {
-          const W* at = wp + p * stride + k * kPanelRows;
-          _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchAhead * kPanelRows), _MM_HINT_T0);
-          const __m256 wv[2] = {_mm256_loadu_ps(reinterpret_cast<const float*>(at)),
-                                _mm256_loadu_ps(reinterpret_cast<const float*>(at) + 8)};
-          for (int m = 0; m < G; ++m) {
-            const __m256 xv = _mm256_set1_ps(xk[m]);
-            acc[p][m][0] = _mm256_fmadd_ps(xv, wv[0], acc[p][m][0]);
-            acc[p][m][1] = _mm256_fmadd_ps(xv, wv[1], acc[p][m][1]);
-          }
+          _mm_prefetch(reinterpret_cast<const char*>(wp + p * stride + (k + kPrefetchAhead) * kPanelRows), _MM_HINT_T0);
+          const __m512 wv = _mm512_loadu_ps(wp + p * stride + k * kPanelRows);
+          for (int m = 0; m < MR; ++m) acc[p][m] = _mm512_fmadd_ps(_mm512_set1_ps(xk[m]), wv, acc[p][m]);
         }
       }
     }
     for (int p = 0; p < P; ++p) {
       const int64_t n = n0 + p * kPanelRows;
       if (n >= N) break;
-      const int64_t valid = std::min<int64_t>(kPanelRows, N - n);
-      for (int m = 0; m < G; ++m) {
-        alignas(32) float v[kPanelRows];
-        _mm256_store_ps(v, acc[p][m][0]);
-        _mm256_store_ps(v + 8, acc[p][m][1]);
-        float* y = ys[m0 + m] + n;
-        for (int64_t i = 0; i < valid; ++i) y[i] = accumulate ? v[i] + y[i] : v[i];
-      }
-    }
-  };
-  constexpr int kRowsAPass = 4;
-  for (int m0 = 0; m0 + kRowsAPass <= MR; m0 += kRowsAPass) rows_pass(std::integral_constant<int, kRowsAPass>{}, m0);
-  if constexpr (MR % kRowsAPass != 0)
-    rows_pass(std::integral_constant<int, MR % kRowsAPass>{}, MR - MR % kRowsAPass);
-#else
-  for (int p = 0; p < P; ++p)
-    for (int i = 0; i < kPanelRows; ++i) {
-      const int64_t n = n0 + p * kPanelRows + i;
-      if (n >= N) break;
+      const __mmask16 mask = N - n >= kPanelRows ? __mmask16(0xffff) : __mmask16((1u << (N - n)) - 1);
       for (int m = 0; m < MR; ++m) {
-        float s = 0.f;
-        for (int64_t k = 0; k < K; ++k) s = std::fma(xt[k * MR + m], weight_f32(wp[p * stride + panel_offset<W>(k, i)]), s);
-        ys[m][n] = accumulate ? ys[m][n] + s : s;
+        __m512 v = acc[p][m];
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, ys[m] + n));
+        _mm512_mask_storeu_ps(ys[m] + n, mask, v);
       }
     }
+  }
+};
 #endif
-}
 
-// Panels per tile by rows: enough FMA chains to cover the FMA latency, few enough registers
-// (AVX2: 16 registers of 8 lanes, each panel two of them a row, at most four rows a pass).
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-constexpr int panels_for(int rows) { return rows <= 1 ? 4 : rows <= 2 ? 2 : 1; }
-#else
-constexpr int panels_for(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
+#if defined(__AVX2__) && defined(__FMA__)
+// 16 registers of 8 lanes: each panel two of them a row, at most four rows a pass.
+struct Avx2Tiles {
+  static constexpr PanelKernel kKernel = PanelKernel::Avx2;
+  static constexpr int panels_for(int rows) { return rows <= 1 ? 4 : rows <= 2 ? 2 : 1; }
+  template <typename W, int MR, int P>
+  static void tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
+                   bool accumulate) {
+    const int64_t stride = panel_cols<W>(K) * kPanelRows;  // elements from one panel to the next
+    // Each panel's line as two 8-lane halves (rows 0-7 and 8-15 of the panel), x's rows at most
+    // four a pass so that the accumulators stay in the 16 registers; each output is the same
+    // chain of FMAs over k as above, so the same bits.
+    auto rows_pass = [&](auto rows_const, int m0) {
+      constexpr int G = decltype(rows_const)::value;
+      __m256 acc[P][G][2];
+      for (int p = 0; p < P; ++p)
+        for (int m = 0; m < G; ++m) acc[p][m][0] = acc[p][m][1] = _mm256_setzero_ps();
+      if constexpr (sizeof(W) == 2) {
+        const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+        for (int64_t k = 0; k < K; k += 2) {
+          const float* xk = xt + k * MR + m0;
+          const bool pair = k + 1 < K;
+          for (int p = 0; p < P; ++p) {
+            const W* at = wp + p * stride + k * kPanelRows;
+            _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchAhead * kPanelRows), _MM_HINT_T0);
+            const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+            const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at) + 1);
+            const __m256 w0[2] = {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+                                  _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+            for (int m = 0; m < G; ++m) {
+              const __m256 xv = _mm256_set1_ps(xk[m]);
+              acc[p][m][0] = _mm256_fmadd_ps(xv, w0[0], acc[p][m][0]);
+              acc[p][m][1] = _mm256_fmadd_ps(xv, w0[1], acc[p][m][1]);
+            }
+            if (pair) {
+              const __m256 w1[2] = {_mm256_castsi256_ps(_mm256_and_si256(lo, high)),
+                                    _mm256_castsi256_ps(_mm256_and_si256(hi, high))};
+              for (int m = 0; m < G; ++m) {
+                const __m256 xv = _mm256_set1_ps(xk[MR + m]);
+                acc[p][m][0] = _mm256_fmadd_ps(xv, w1[0], acc[p][m][0]);
+                acc[p][m][1] = _mm256_fmadd_ps(xv, w1[1], acc[p][m][1]);
+              }
+            }
+          }
+        }
+      } else {
+        for (int64_t k = 0; k < K; ++k) {
+          const float* xk = xt + k * MR + m0;
+          for (int p = 0; p < P; ++p) {
+            const W* at = wp + p * stride + k * kPanelRows;
+            _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchAhead * kPanelRows), _MM_HINT_T0);
+            const __m256 wv[2] = {_mm256_loadu_ps(reinterpret_cast<const float*>(at)),
+                                  _mm256_loadu_ps(reinterpret_cast<const float*>(at) + 8)};
+            for (int m = 0; m < G; ++m) {
+              const __m256 xv = _mm256_set1_ps(xk[m]);
+              acc[p][m][0] = _mm256_fmadd_ps(xv, wv[0], acc[p][m][0]);
+              acc[p][m][1] = _mm256_fmadd_ps(xv, wv[1], acc[p][m][1]);
+            }
+          }
+        }
+      }
+      for (int p = 0; p < P; ++p) {
+        const int64_t n = n0 + p * kPanelRows;
+        if (n >= N) break;
+        const int64_t valid = std::min<int64_t>(kPanelRows, N - n);
+        for (int m = 0; m < G; ++m) {
+          alignas(32) float v[kPanelRows];
+          _mm256_store_ps(v, acc[p][m][0]);
+          _mm256_store_ps(v + 8, acc[p][m][1]);
+          float* y = ys[m0 + m] + n;
+          for (int64_t i = 0; i < valid; ++i) y[i] = accumulate ? v[i] + y[i] : v[i];
+        }
+      }
+    };
+    constexpr int kRowsAPass = 4;
+    for (int m0 = 0; m0 + kRowsAPass <= MR; m0 += kRowsAPass) rows_pass(std::integral_constant<int, kRowsAPass>{}, m0);
+    if constexpr (MR % kRowsAPass != 0)
+      rows_pass(std::integral_constant<int, MR % kRowsAPass>{}, MR - MR % kRowsAPass);
+  }
+};
 #endif
+
 
 template <typename W>
 using TileFn = void (*)(const float*, const W*, int64_t, float* const*, int64_t, int64_t, bool);
 
-template <typename W, int... Rs>
+template <typename W, typename Tiles, int... Rs>
 constexpr auto make_tile_table(std::integer_sequence<int, Rs...>) {
   struct Table {
     TileFn<W> wide[sizeof...(Rs)], single[sizeof...(Rs)];
   };
-  return Table{{&panel_tile<W, Rs + 1, panels_for(Rs + 1)>...}, {&panel_tile<W, Rs + 1, 1>...}};
+  return Table{{&Tiles::template tile<W, Rs + 1, Tiles::panels_for(Rs + 1)>...},
+               {&Tiles::template tile<W, Rs + 1, 1>...}};
 }
-template <typename W>
-constexpr auto kTiles = make_tile_table<W>(std::make_integer_sequence<int, kPanelRows>{});
+template <typename W, typename Tiles>
+constexpr auto kTiles = make_tile_table<W, Tiles>(std::make_integer_sequence<int, kPanelRows>{});
 
 }  // namespace
+
+std::vector<PanelKernel> built_panel_kernels() {
+  std::vector<PanelKernel> k{PanelKernel::Scalar};
+#if defined(__AVX2__) && defined(__FMA__)
+  k.push_back(PanelKernel::Avx2);
+#endif
+#ifdef __AVX512F__
+  k.push_back(PanelKernel::Avx512);
+#endif
+  return k;
+}
+
+const char* panel_kernel_name(PanelKernel k) {
+  switch (k) {
+    case PanelKernel::Avx512: return "AVX-512";
+    case PanelKernel::Avx2: return "AVX2";
+    default: return "scalar";
+  }
+}
+
+namespace {
+PanelKernel& chosen_panel_kernel() {
+  static PanelKernel k = [] {
+    const std::vector<PanelKernel> built = built_panel_kernels();
+    const char* e = std::getenv("DFLASH_CPU_AVX512");
+    if (e && std::string(e) == "0" && built.back() == PanelKernel::Avx512) return PanelKernel::Avx2;
+    return built.back();
+  }();
+  return k;
+}
+}  // namespace
+
+PanelKernel panel_kernel() { return chosen_panel_kernel(); }
+
+void set_panel_kernel(PanelKernel k) {
+  const std::vector<PanelKernel> built = built_panel_kernels();
+  if (std::find(built.begin(), built.end(), k) == built.end())
+    throw Error(std::string("the ") + panel_kernel_name(k) + " panel kernel is not built on this machine");
+  chosen_panel_kernel() = k;
+}
 
 int64_t packed_bf16_bytes(int64_t rows, int64_t cols) {
   return std::max<int64_t>(1, panel_count(rows)) * kPanelRows * bf16_panel_cols(cols) * int64_t(sizeof(uint16_t));
@@ -275,22 +339,22 @@ void unpack_rows_to_f32(const Tensor& w, int64_t n0, int64_t count, float* dst) 
 
 namespace {
 
-template <typename W>
+template <typename W, typename Tiles>
 void run_panels(const float* const* xt, const Tensor& w, float* const* ys, int64_t M, bool accumulate) {
   const int64_t K = w.cols, N = w.rows, panels = panel_count(N);
   // One tile width for all row chunks, so the parallel loop's unit is the same for each.
-  const int P = panels_for(static_cast<int>(std::min<int64_t>(M, kPanelRows)));
+  const int P = Tiles::panels_for(static_cast<int>(std::min<int64_t>(M, kPanelRows)));
   const int64_t groups = (panels + P - 1) / P;
 #pragma omp parallel for schedule(static) if (N * K > (1 << 16))
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t p0 = g * P, here = std::min<int64_t>(P, panels - p0);
     for (int64_t m0 = 0, c = 0; m0 < M; m0 += kPanelRows, ++c) {
       const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, M - m0));
-      if (here == panels_for(rows)) {
-        kTiles<W>.wide[rows - 1](xt[c], panel_base<W>(w, p0), K, ys + m0, p0 * kPanelRows, N, accumulate);
+      if (here == Tiles::panels_for(rows)) {
+        kTiles<W, Tiles>.wide[rows - 1](xt[c], panel_base<W>(w, p0), K, ys + m0, p0 * kPanelRows, N, accumulate);
       } else {
         for (int64_t p = p0; p < p0 + here; ++p)
-          kTiles<W>.single[rows - 1](xt[c], panel_base<W>(w, p), K, ys + m0, p * kPanelRows, N, accumulate);
+          kTiles<W, Tiles>.single[rows - 1](xt[c], panel_base<W>(w, p), K, ys + m0, p * kPanelRows, N, accumulate);
       }
     }
   }
@@ -321,8 +385,20 @@ void packed_matmul(const Tensor& x, const Tensor& w, Tensor& y, bool accumulate)
       xt[c] = dst;
     }
   }
-  if (w.dtype == DType::F32) run_panels<float>(xt, w, ys, M, accumulate);
-  else run_panels<uint16_t>(xt, w, ys, M, accumulate);
+  auto run = [&](auto tiles) {
+    using Tiles = decltype(tiles);
+    if (w.dtype == DType::F32) run_panels<float, Tiles>(xt, w, ys, M, accumulate);
+    else run_panels<uint16_t, Tiles>(xt, w, ys, M, accumulate);
+  };
+  switch (panel_kernel()) {
+#ifdef __AVX512F__
+    case PanelKernel::Avx512: return run(Avx512Tiles{});
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    case PanelKernel::Avx2: return run(Avx2Tiles{});
+#endif
+    default: return run(ScalarTiles{});
+  }
 }
 
 }  // namespace dflash

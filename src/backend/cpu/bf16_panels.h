@@ -39,6 +39,18 @@ void pack_f32_panels(const std::vector<const TensorInfo*>& parts, int64_t cols, 
 // Row n of a packed weight (bf16 or f32), as f32.
 void packed_row_to_f32(const Tensor& w, int64_t n, float* dst);
 
+// The vector kernels packed_matmul can use: each built where the build targets its
+// instructions (-march=native: an AVX-512 machine builds AVX-512, AVX2 and scalar), all giving
+// the same bits. The process uses the widest built, or AVX2 where DFLASH_CPU_AVX512=0; decided
+// once, at the first product.
+enum class PanelKernel { Scalar, Avx2, Avx512 };
+PanelKernel panel_kernel();
+std::vector<PanelKernel> built_panel_kernels();
+const char* panel_kernel_name(PanelKernel k);
+// Tests and measurements only (a kernel not built is refused), as set_amx_panels: the engine
+// never switches, plain and speculative decoding share one arithmetic.
+void set_panel_kernel(PanelKernel k);
+
 // Up to this many rows of x go through packed_matmul (one pass over the weights); more rows
 // (prefill) widen bands of the weight and use BLAS.
 constexpr int kPackedMaxRows = 32;
