@@ -21,10 +21,14 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/amx_panels.h"
+#include "backend/cpu/bf16_panels.h"
 #include "cli/command.h"
 #include "engine/sampling.h"
+#include "io/safetensors.h"
 #include "model/qwen3.h"
 #include "model/rope.h"
+#include "util/dtype.h"
 #include "util/error.h"
 #ifdef DFLASH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -720,10 +724,70 @@ class Doctor {
   std::vector<std::vector<uint16_t>> bf16_;  // weight bytes, alive while the doctor runs
 };
 
+// The CPU's panel kernels on this machine (bf16_panels.h): each one built against the chain of
+// f32 FMAs over k it promises, bit for bit, on fresh random inputs: a 16-row block of x against
+// a bf16 weight whose K and N are off the panels' multiples. Returns how many failed. AMX, where
+// active, sums in another order and is said, not checked here (the GPU cases use it).
+int check_cpu_products(uint64_t seed) {
+  auto cpu = make_cpu_backend();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  constexpr int64_t M = 16, K = 1000, N = 300;
+  std::vector<uint16_t> wbits(size_t(N * K));
+  for (auto& v : wbits) v = f32_to_bf16(0.05f * normal(rng));
+  std::vector<float> xv(size_t(M * K));
+  for (auto& v : xv) v = normal(rng);
+  TensorInfo info;
+  info.name = "doctor.cpu_weight";
+  info.dtype = DType::BF16;
+  info.shape = {N, K};
+  info.data = reinterpret_cast<const uint8_t*>(wbits.data());
+  info.nbytes = wbits.size() * 2;
+  const Tensor w = cpu->upload_weight({&info});
+  const Tensor x = cpu->upload(xv.data(), M, K);
+  std::vector<float> want(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < K; ++k) sum = std::fma(xv[size_t(m * K + k)], bf16_to_f32(wbits[size_t(n * K + k)]), sum);
+      want[size_t(m * N + n)] = sum;
+    }
+  const bool amx = amx_panels_active();
+  const PanelKernel chosen = panel_kernel();
+  std::printf("cpu: products on %s (vector kernel %s)\n", amx ? "AMX" : panel_kernel_name(chosen),
+              panel_kernel_name(chosen));
+  set_amx_panels(false);
+  int failures = 0;
+  for (const PanelKernel kernel : built_panel_kernels()) {
+    set_panel_kernel(kernel);
+    Tensor y = cpu->alloc(M, N, DType::F32);
+    cpu->matmul(x, w, y);
+    std::vector<float> got(size_t(M * N));
+    cpu->download(y, got.data());
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    constexpr int kReps = 20;
+    for (int r = 0; r < kReps; ++r) cpu->matmul(x, w, y);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kReps;
+    std::printf("cpu: %-8s kernel, x[%lld,%lld] w[%lld,%lld] bf16: %s, %.1f us\n", panel_kernel_name(kernel),
+                (long long)M, (long long)K, (long long)N, (long long)K,
+                differ ? ("FAIL: " + std::to_string(differ) + " outputs differ from the FMA chain").c_str()
+                       : "pass (every output the FMA chain's bits)",
+                us);
+    failures += differ != 0;
+  }
+  set_panel_kernel(chosen);
+  set_amx_panels(amx);
+  std::printf("\n");
+  return failures;
+}
+
 int run_doctor(const DoctorArgs& a) {
   // A line at a time, even into a pipe: a crash loses nothing printed before it (a SIGFPE in the
   // bandwidth sweep once took the table's summary and half the sweep with it).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const int cpu_failures = check_cpu_products(a.seed ? a.seed : uint64_t(std::random_device{}()));
   std::unique_ptr<Backend> test;
   if (a.self_test) {
     std::printf("self-test: the CPU backend against itself (checks the harness, not a GPU)\n");
@@ -742,7 +806,7 @@ int run_doctor(const DoctorArgs& a) {
 #else
       std::printf("doctor: this build has no CUDA backend (configure with -DDFLASH_CUDA=ON): nothing to check\n");
 #endif
-      return a.require_gpu ? 2 : 0;
+      return cpu_failures ? 1 : a.require_gpu ? 2 : 0;
     }
   }
   auto ref = make_cpu_backend();
@@ -979,7 +1043,7 @@ int run_doctor(const DoctorArgs& a) {
     }
   }
 #endif
-  return d.failures() ? 1 : 0;
+  return d.failures() || cpu_failures ? 1 : 0;
 }
 
 RegisterCommand reg("doctor", "Check every CUDA op against the CPU backend on random inputs",
