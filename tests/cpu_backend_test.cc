@@ -129,31 +129,31 @@ TEST(CpuProducts, VectorKernelSumsEachOutputAsOneFmaChain) {
   const RestoreProductKernel restore;
   set_amx_panels(false);
   for (PanelKernel kernel : built_panel_kernels()) {
-  set_panel_kernel(kernel);
-  for (auto [M, K, N, dtype] : {std::tuple{1, 100, 70, DType::BF16}, {2, 64, 37, DType::BF16}, {3, 33, 50, DType::BF16},
-                                {5, 96, 20, DType::BF16}, {16, 65, 33, DType::BF16}, {32, 40, 17, DType::BF16},
-                                {1, 50, 40, DType::F32}, {7, 31, 18, DType::F32}}) {
-    const auto wv = random_values(size_t(N) * K, 31, 0.05f);
-    std::vector<uint16_t> wbits;
-    Tensor w = upload_matrix(*b, wv, N, K, dtype, wbits);
-    const auto xv = random_values(size_t(M) * K, 32);
-    const auto y0 = random_values(size_t(M) * N, 33);
-    Tensor x = b->upload(xv.data(), M, K), y = b->upload(y0.data(), M, N);
-    b->matmul(x, w, y, /*accumulate=*/true);
-    const auto got = fetch(*b, y);
-    for (int m = 0; m < M; ++m)
-      for (int n = 0; n < N; ++n) {
-        float s = 0.f;
-        for (int k = 0; k < K; ++k) {
-          const float wk = dtype == DType::BF16 ? bf16_to_f32(wbits[size_t(n) * K + k]) : wv[size_t(n) * K + k];
-          s = std::fma(xv[size_t(m) * K + k], wk, s);
+    set_panel_kernel(kernel);
+    for (auto [M, K, N, dtype] : {std::tuple{1, 100, 70, DType::BF16}, {2, 64, 37, DType::BF16}, {3, 33, 50, DType::BF16},
+                                  {5, 96, 20, DType::BF16}, {16, 65, 33, DType::BF16}, {32, 40, 17, DType::BF16},
+                                  {1, 50, 40, DType::F32}, {7, 31, 18, DType::F32}}) {
+      const auto wv = random_values(size_t(N) * K, 31, 0.05f);
+      std::vector<uint16_t> wbits;
+      Tensor w = upload_matrix(*b, wv, N, K, dtype, wbits);
+      const auto xv = random_values(size_t(M) * K, 32);
+      const auto y0 = random_values(size_t(M) * N, 33);
+      Tensor x = b->upload(xv.data(), M, K), y = b->upload(y0.data(), M, N);
+      b->matmul(x, w, y, /*accumulate=*/true);
+      const auto got = fetch(*b, y);
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+          float s = 0.f;
+          for (int k = 0; k < K; ++k) {
+            const float wk = dtype == DType::BF16 ? bf16_to_f32(wbits[size_t(n) * K + k]) : wv[size_t(n) * K + k];
+            s = std::fma(xv[size_t(m) * K + k], wk, s);
+          }
+          const float want = s + y0[size_t(m) * N + n];
+          ASSERT_EQ(0, std::memcmp(&want, &got[size_t(m) * N + n], sizeof(float)))
+              << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << " " << dtype_name(dtype) << " on the "
+              << panel_kernel_name(kernel) << " kernel: " << got[size_t(m) * N + n] << " against " << want;
         }
-        const float want = s + y0[size_t(m) * N + n];
-        ASSERT_EQ(0, std::memcmp(&want, &got[size_t(m) * N + n], sizeof(float)))
-            << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << " " << dtype_name(dtype) << " on the "
-            << panel_kernel_name(kernel) << " kernel: " << got[size_t(m) * N + n] << " against " << want;
-      }
-  }
+    }
   }
 }
 
@@ -186,7 +186,7 @@ TEST(CpuProducts, Bf16PanelsKeepF32Accuracy) {
         }
         for (int n = 0; n < N; ++n)
           ASSERT_NEAR(got[size_t(m) * N + n], want[size_t(n)], 1e-5 * scale)
-              << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << (kernel.name());
+              << "y[" << m << ", " << n << "] of " << M << "x" << K << "x" << N << kernel.name();
       }
     }
   }
@@ -210,8 +210,8 @@ TEST(CpuProducts, HugeActivationsStayFinite) {
     b->matmul(x, w, y);
     const auto got = fetch(*b, y);
     for (int64_t n = 0; n < N; ++n) {
-      ASSERT_TRUE(std::isfinite(got[size_t(n)])) << n << (kernel.name());
-      EXPECT_NEAR(got[size_t(n)], xv[size_t(n)] / 2, 1e-5 * 1.7e38) << n << (kernel.name());
+      ASSERT_TRUE(std::isfinite(got[size_t(n)])) << n << kernel.name();
+      EXPECT_NEAR(got[size_t(n)], xv[size_t(n)] / 2, 1e-5 * 1.7e38) << n << kernel.name();
     }
   }
 }

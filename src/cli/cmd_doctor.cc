@@ -787,7 +787,9 @@ int run_doctor(const DoctorArgs& a) {
   // A line at a time, even into a pipe: a crash loses nothing printed before it (a SIGFPE in the
   // bandwidth sweep once took the table's summary and half the sweep with it).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const int cpu_failures = check_cpu_products(a.seed ? a.seed : uint64_t(std::random_device{}()));
+  // One seed for the CPU check and the GPU cases, printed below, so that --seed repeats both.
+  const uint64_t seed = a.seed ? a.seed : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+  const int cpu_failures = check_cpu_products(seed);
   std::unique_ptr<Backend> test;
   if (a.self_test) {
     std::printf("self-test: the CPU backend against itself (checks the harness, not a GPU)\n");
@@ -810,7 +812,6 @@ int run_doctor(const DoctorArgs& a) {
     }
   }
   auto ref = make_cpu_backend();
-  const uint64_t seed = a.seed ? a.seed : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
   std::printf("seed %llu (fresh inputs every run; --seed repeats one)\n\n", (unsigned long long)seed);
   std::printf("%-12s %-40s %10s %10s %8s  %-4s %10s  %s\n", "op", "shape", "max |err|", "rel L2", "tol", "", "us/op",
               "note");

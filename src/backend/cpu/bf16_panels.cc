@@ -56,7 +56,6 @@ inline float weight_f32(float v) { return v; }
 // to cover the FMA latency, few enough registers). Every one sums each output over k in
 // ascending order in one f32 lane, so all of them give the same bits (bf16_panels.h).
 struct ScalarTiles {
-  static constexpr PanelKernel kKernel = PanelKernel::Scalar;
   static constexpr int panels_for(int) { return 1; }
   template <typename W, int MR, int P>
   static void tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
@@ -77,7 +76,6 @@ struct ScalarTiles {
 
 #ifdef __AVX512F__
 struct Avx512Tiles {
-  static constexpr PanelKernel kKernel = PanelKernel::Avx512;
   static constexpr int panels_for(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
   template <typename W, int MR, int P>
   static void tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
@@ -131,7 +129,6 @@ struct Avx512Tiles {
 #if defined(__AVX2__) && defined(__FMA__)
 // 16 registers of 8 lanes: each panel two of them a row, at most four rows a pass.
 struct Avx2Tiles {
-  static constexpr PanelKernel kKernel = PanelKernel::Avx2;
   static constexpr int panels_for(int rows) { return rows <= 1 ? 4 : rows <= 2 ? 2 : 1; }
   template <typename W, int MR, int P>
   static void tile(const float* xt, const W* wp, int64_t K, float* const* ys, int64_t n0, int64_t N,
@@ -145,6 +142,14 @@ struct Avx2Tiles {
       __m256 acc[P][G][2];
       for (int p = 0; p < P; ++p)
         for (int m = 0; m < G; ++m) acc[p][m][0] = acc[p][m][1] = _mm256_setzero_ps();
+      // One column of panel p (its two halves w) times x's rows xs[0 … G).
+      auto madd = [&](int p, const float* xs, const __m256 (&w)[2]) {
+        for (int m = 0; m < G; ++m) {
+          const __m256 xv = _mm256_set1_ps(xs[m]);
+          acc[p][m][0] = _mm256_fmadd_ps(xv, w[0], acc[p][m][0]);
+          acc[p][m][1] = _mm256_fmadd_ps(xv, w[1], acc[p][m][1]);
+        }
+      };
       if constexpr (sizeof(W) == 2) {
         const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
         for (int64_t k = 0; k < K; k += 2) {
@@ -157,19 +162,11 @@ struct Avx2Tiles {
             const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at) + 1);
             const __m256 w0[2] = {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
                                   _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
-            for (int m = 0; m < G; ++m) {
-              const __m256 xv = _mm256_set1_ps(xk[m]);
-              acc[p][m][0] = _mm256_fmadd_ps(xv, w0[0], acc[p][m][0]);
-              acc[p][m][1] = _mm256_fmadd_ps(xv, w0[1], acc[p][m][1]);
-            }
+            madd(p, xk, w0);
             if (pair) {
               const __m256 w1[2] = {_mm256_castsi256_ps(_mm256_and_si256(lo, high)),
                                     _mm256_castsi256_ps(_mm256_and_si256(hi, high))};
-              for (int m = 0; m < G; ++m) {
-                const __m256 xv = _mm256_set1_ps(xk[MR + m]);
-                acc[p][m][0] = _mm256_fmadd_ps(xv, w1[0], acc[p][m][0]);
-                acc[p][m][1] = _mm256_fmadd_ps(xv, w1[1], acc[p][m][1]);
-              }
+              madd(p, xk + MR, w1);
             }
           }
         }
@@ -181,11 +178,7 @@ struct Avx2Tiles {
             _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchAhead * kPanelRows), _MM_HINT_T0);
             const __m256 wv[2] = {_mm256_loadu_ps(reinterpret_cast<const float*>(at)),
                                   _mm256_loadu_ps(reinterpret_cast<const float*>(at) + 8)};
-            for (int m = 0; m < G; ++m) {
-              const __m256 xv = _mm256_set1_ps(xk[m]);
-              acc[p][m][0] = _mm256_fmadd_ps(xv, wv[0], acc[p][m][0]);
-              acc[p][m][1] = _mm256_fmadd_ps(xv, wv[1], acc[p][m][1]);
-            }
+            madd(p, xk, wv);
           }
         }
       }
