@@ -2,6 +2,7 @@
 // speculative == plain on the tiny pairs and the shipped pair, and the split-KV attention's
 // batch invariance. Every test skips where no GPU is visible (CI, and builds without
 // -DDFLASH_CUDA=ON). The op-by-op comparison with the CPU backend is `dflash doctor`.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -580,6 +581,130 @@ TEST(CudaSkinny, UploadedWeightsRowsInBlocksEqualRowsAlone) {
           << M << " rows: down residual + norm, row " << m;
       EXPECT_EQ(std::memcmp(y1.data(), ys.data() + m * Q, Q * sizeof(float)), 0)
           << M << " rows: the normed q/k/v product, row " << m;
+    }
+  }
+}
+
+// The greedy choice inside the vocabulary projection (matmul_normed_argmax: the persistent
+// product's blocks keep their best columns, and the last block to finish reduces them) gives
+// the ids argmax_rows_into gives on the logits matmul_normed stores, and a row alone the id it
+// has in a block of 16. Two shapes: K in 8 slices (16 columns a tile) and a vocabulary's width
+// with K = 512 in 2 (64 columns a tile, as the LM head's 4096 columns take them). Row 0's best column is copied to a lower column, which
+// must win the tie, and one column is NaN, which must never win. The block runs twice, so the
+// second launch finds the ticket counter set back.
+TEST(CudaSkinny, FusedArgmaxChoosesWhatArgmaxRowsChooses) {
+  REQUIRE_GPU(backend);
+  Backend& b = *backend;
+  RandomTensors tensor{b, 16};
+  std::mt19937 rng(33);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t M = 16;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{20000, 4096}, {151936, 512}};
+  for (const auto& [N, K] : shapes) {
+    const std::string shape = std::to_string(N) + " x " + std::to_string(K) + ": ";
+    const Tensor x = tensor(M, K, 1.f, DType::F32), nw = tensor(1, K, 1.f, DType::F32);
+    auto normed_rows = [&](int64_t first, int64_t n) {
+      NormedRows r;
+      r.h = b.alloc(n, K, b.activation_dtype());
+      b.norm_rows(x.slice_rows(first, n), nw, 1e-6f, r);
+      return r;
+    };
+    std::vector<uint16_t> bits(size_t(N * K));
+    for (auto& v : bits) v = f32_to_bf16(0.02f * nd(rng));
+    auto upload = [&] {
+      const TensorInfo ti = bf16_checkpoint_tensor("lm_head", N, K, bits);
+      return b.upload_weight({&ti});
+    };
+    auto logits = [&](const Tensor& w) {
+      Tensor y = b.alloc(M, N, DType::F32);
+      b.matmul_normed(normed_rows(0, M), w, y);
+      return y;
+    };
+    auto host_argmax = [&](const std::vector<float>& rows, int64_t m) {
+      const float* r = rows.data() + m * N;
+      int64_t best = -1;
+      for (int64_t n = 0; n < N; ++n)
+        if (!std::isnan(r[n]) && (best < 0 || r[n] > r[best])) best = n;
+      return int32_t(best < 0 ? 0 : best);
+    };
+    int64_t top = 0;
+    {
+      const Tensor w = upload();
+      top = host_argmax(download(b, logits(w)), 0);
+    }
+    const int64_t twin = top > 0 ? top / 2 : N - 1, nan_col = top == N - 3 ? N - 4 : N - 3;
+    std::copy(bits.begin() + top * K, bits.begin() + (top + 1) * K, bits.begin() + twin * K);
+    std::fill(bits.begin() + nan_col * K, bits.begin() + (nan_col + 1) * K, uint16_t(0x7fc0));
+    const Tensor w = upload();
+#ifdef DFLASH_CUDA
+    ASSERT_TRUE(cuda::fuses_argmax(normed_rows(0, M).h, w)) << shape << "the fused path does not apply";
+#endif
+    const Tensor y = logits(w);
+    const auto yv = download(b, y);
+    Tensor want_ids = b.alloc(M, 1, DType::I32);
+    b.argmax_rows_into(y, want_ids);
+    const auto want = b.read_ids(want_ids)->get();
+    EXPECT_EQ(want[0], int32_t(std::min(top, twin))) << shape << "row 0's tie";
+    for (int64_t m = 0; m < M; ++m) {
+      EXPECT_EQ(want[size_t(m)], host_argmax(yv, m)) << shape << "argmax_rows_into, row " << m;
+      EXPECT_NE(want[size_t(m)], int32_t(nan_col)) << shape << "the NaN column, row " << m;
+    }
+    for (int launch = 0; launch < 2; ++launch) {
+      Tensor ids = b.alloc(M, 1, DType::I32);
+      b.matmul_normed_argmax(normed_rows(0, M), w, ids);
+      EXPECT_EQ(b.read_ids(ids)->get(), want) << shape << "the block of 16, launch " << launch;
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      Tensor id = b.alloc(1, 1, DType::I32);
+      b.matmul_normed_argmax(normed_rows(m, 1), w, id);
+      EXPECT_EQ(b.read_ids(id)->get()[0], want[size_t(m)]) << shape << "row " << m << " alone";
+    }
+  }
+}
+
+// A pass's first steps in one launch (embed_rows_normed / embed_normed: the embedding and the
+// first deferred norm, embed_norm_emit) against the two ops they replace (Backend's default
+// composition on the same backend): the residual rows, the normed rows, the norm's partial sums
+// and a product consuming them, bit for bit, at 1 and 16 rows, for ids on the device and from
+// the host.
+TEST(CudaEmbed, NormedEqualsEmbedThenNorm) {
+  REQUIRE_GPU(backend);
+  Backend& b = *backend;
+  RandomTensors tensor{b, 17};
+  const int64_t V = 1000, H = 4096, N = 1024;
+  const Tensor table = tensor(V, H, 1.f, DType::BF16), nw = tensor(1, H, 1.f, DType::F32);
+  const Tensor w = tensor(N, H, 0.02f, DType::BF16);
+  for (const int64_t M : {1, 16}) {
+    std::vector<int32_t> ids(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m) ids[size_t(m)] = int32_t((m * 379 + 11) % V);
+    Tensor dev_ids = b.alloc(M, 1, DType::I32);
+    b.write_ids(ids, dev_ids);
+    for (const bool on_device : {true, false}) {
+      std::vector<std::vector<float>> runs;
+      for (const bool fused : {true, false}) {
+        Tensor x = b.alloc(M, H, DType::F32);
+        NormedRows normed;
+        normed.h = b.alloc(M, H, b.activation_dtype());
+        if (on_device && fused) b.embed_rows_normed(dev_ids, table, x, nw, 1e-6f, normed);
+        if (on_device && !fused) b.Backend::embed_rows_normed(dev_ids, table, x, nw, 1e-6f, normed);
+        if (!on_device && fused) b.embed_normed(ids, table, x, nw, 1e-6f, normed);
+        if (!on_device && !fused) b.Backend::embed_normed(ids, table, x, nw, 1e-6f, normed);
+        ASSERT_TRUE(normed.deferred);
+        Tensor y = b.alloc(M, N, DType::F32), hf = b.alloc(M, H, DType::F32);
+        b.copy(normed.h, hf);
+        auto run = download(b, x);
+        for (const Tensor* t : {&hf, &normed.partial}) {
+          const auto v = download(b, *t);
+          run.insert(run.end(), v.begin(), v.end());
+        }
+        b.matmul_normed(normed, w, y);
+        const auto yv = download(b, y);
+        run.insert(run.end(), yv.begin(), yv.end());
+        runs.push_back(run);
+      }
+      ASSERT_EQ(runs[0].size(), runs[1].size());
+      EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
+          << M << " rows, ids " << (on_device ? "on the device" : "from the host");
     }
   }
 }

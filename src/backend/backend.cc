@@ -445,6 +445,24 @@ Tensor normalised(Backend& b, const NormedRows& in) {
 
 void Backend::matmul_normed(const NormedRows& in, const Tensor& w, Tensor& y) { matmul(normalised(*this, in), w, y); }
 
+void Backend::embed_normed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& x, const Tensor& norm_w,
+                           float eps, NormedRows& out) {
+  embed(ids, table, x);
+  norm_rows(x, norm_w, eps, out);
+}
+
+void Backend::embed_rows_normed(const Tensor& ids, const Tensor& table, Tensor& x, const Tensor& norm_w, float eps,
+                                NormedRows& out) {
+  embed_rows(ids, table, x);
+  norm_rows(x, norm_w, eps, out);
+}
+
+void Backend::matmul_normed_argmax(const NormedRows& in, const Tensor& w, Tensor& ids) {
+  Tensor y = alloc(in.h.rows, w.rows, DType::F32);
+  matmul_normed(in, w, y);
+  argmax_rows_into(y, ids);
+}
+
 void Backend::matmul_silu_mul_normed(const NormedRows& in, const Tensor& w_gate_up, Tensor& act) {
   matmul_silu_mul(normalised(*this, in), w_gate_up, act);
 }

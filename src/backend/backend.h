@@ -250,11 +250,22 @@ class Backend {
   // out = rms_norm(x; norm_w, eps) as a product's input; out.h is allocated by the caller
   // ([x.rows, x.cols], activation dtype), the rest by the backend.
   virtual void norm_rows(const Tensor& x, const Tensor& norm_w, float eps, NormedRows& out);
+  // A pass's first steps: x ← the table's rows (embed, or embed_rows for ids where the backend
+  // keeps them), then norm_rows(x, norm_w, eps, out). One launch where a backend fuses them.
+  virtual void embed_normed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& x, const Tensor& norm_w,
+                            float eps, NormedRows& out);
+  virtual void embed_rows_normed(const Tensor& ids, const Tensor& table, Tensor& x, const Tensor& norm_w, float eps,
+                                 NormedRows& out);
   // x += a · wᵀ, then out = rms_norm(x; norm_w, eps): a layer's residual add and the norm after it.
   virtual void matmul_add_norm(const Tensor& a, const Tensor& w, Tensor& x, const Tensor& norm_w, float eps,
                                NormedRows& out);
   // y = in · wᵀ, and act = silu(in · w_gateᵀ) ⊙ (in · w_upᵀ) as matmul_silu_mul.
   virtual void matmul_normed(const NormedRows& in, const Tensor& w, Tensor& y);
+  // ids (I32 [in.h.rows, 1], from alloc) ← each row's argmax of in · wᵀ by argmax_rows' rule,
+  // the product itself not kept: a greedy pass's last projection and choice in one. A backend
+  // may choose inside the product's own kernel (CUDA: the LM head's last block, no logits
+  // stored and read back); the ids must be those of matmul_normed then argmax_rows_into.
+  virtual void matmul_normed_argmax(const NormedRows& in, const Tensor& w, Tensor& ids);
   virtual void matmul_silu_mul_normed(const NormedRows& in, const Tensor& w_gate_up, Tensor& act);
   // act [T, I] = silu(x · w_gateᵀ) ⊙ (x · w_upᵀ) for w_gate_up [2I, K] (gate rows, then up
   // rows), each product rounded to the activation dtype first: matmul, then silu_mul.

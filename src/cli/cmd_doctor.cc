@@ -228,6 +228,61 @@ class Doctor {
                });
   }
 
+  // A greedy pass's last projection and choice in one (matmul_normed_argmax; the CUDA backend
+  // chooses inside the LM head's kernel): the ids must be those of matmul_normed, then
+  // argmax_rows_into, on the same backend. Weight rows N/3 and N/2 are the same, and aligned with
+  // row 0 of the normed input, so row 0 ties between them and must take N/3. The CPU's choice
+  // (its logits differ in the last bits) is counted in the note.
+  void normed_argmax(int64_t M, int64_t H, int64_t N) {
+    const auto x0 = random(M * H, 3.0f), nw = random(H, 2.0f);
+    auto w = random(N * H, 1.0f / std::sqrt(float(H)));
+    for (const int64_t n : {N / 3, N / 2})
+      for (int64_t k = 0; k < H; ++k) w[size_t(n * H + k)] = round_bf16(0.05f * nw[size_t(k)] * x0[size_t(k)]);
+    bf16_.emplace_back(w.size());
+    for (size_t i = 0; i < w.size(); ++i) bf16_.back()[i] = f32_to_bf16(w[i]);
+    TensorInfo info;
+    info.name = "doctor.lm_head";
+    info.dtype = DType::BF16;
+    info.shape = {N, H};
+    info.data = reinterpret_cast<const uint8_t*>(bf16_.back().data());
+    info.nbytes = w.size() * 2;
+    const Tensor wt = t_.upload_weight({&info}), wr = r_.upload_weight({&info});
+    const Tensor nt = to_test(nw, 1, H, DType::F32), nr = r_.upload(nw.data(), 1, H);
+    auto normed = [&](Backend& b, const Tensor& x, const Tensor& norm_w) {
+      NormedRows r;
+      r.h = b.alloc(M, H, b.activation_dtype());
+      b.norm_rows(x, norm_w, 1e-6f, r);
+      return r;
+    };
+    const Tensor xt = to_test(x0, M, H, DType::F32), xr = r_.upload(x0.data(), M, H);
+    auto ids = [&](Backend& b, const Tensor& x, const Tensor& norm_w, const Tensor& wb, bool fused) {
+      Tensor out = b.alloc(M, 1, DType::I32);
+      if (fused) {
+        b.matmul_normed_argmax(normed(b, x, norm_w), wb, out);
+      } else {
+        Tensor y = b.alloc(M, N, DType::F32);
+        b.matmul_normed(normed(b, x, norm_w), wb, y);
+        b.argmax_rows_into(y, out);
+      }
+      return b.read_ids(out)->get();
+    };
+    const auto got = ids(t_, xt, nt, wt, true), want = ids(t_, xt, nt, wt, false), cpu = ids(r_, xr, nr, wr, false);
+    int64_t wrong = 0, cpu_agree = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      wrong += got[size_t(m)] != want[size_t(m)];
+      cpu_agree += got[size_t(m)] == cpu[size_t(m)];
+    }
+    wrong += got[0] != int32_t(N / 3);
+    const double us = time_us([&] {
+      Tensor out = t_.alloc(M, 1, DType::I32);
+      t_.matmul_normed_argmax(normed(t_, xt, nt), wt, out);
+    }, xt);
+    char note[160];
+    std::snprintf(note, sizeof note, "ids against matmul_normed + argmax_rows (incl. a tie); the CPU's on %lld/%lld rows",
+                  (long long)cpu_agree, (long long)M);
+    row("normed_argmax", shape("x", M, H) + " w" + dims(N, H), double(wrong), double(wrong), 0, wrong == 0, us, note);
+  }
+
   // The gate/up product with the activation: act = silu(x·w_gateᵀ) ⊙ (x·w_upᵀ).
   void matmul_silu_mul(int64_t M, int64_t K, int64_t I) {
     const DType dt = t_.activation_dtype();
@@ -401,6 +456,33 @@ class Doctor {
     const auto got = fetch(t_, ot), want = fetch(r_, orf);
     const double us = time_us([&] { t_.embed(ids, wt, ot); }, ot);
     report("embed", std::to_string(n) + " ids of" + dims(vocab, hidden), got, want, 0, us, "exact");
+  }
+
+  // A pass's first steps (embed_normed: the embedding and the first layer's norm, one launch on
+  // the GPU for decode and verification rows), then a product consuming the norm: against the
+  // CPU, the residual exactly and the product within tolerance.
+  void embed_normed(int64_t vocab, int64_t hidden, int64_t n, int64_t N) {
+    auto [tt, tr] = weight(vocab, hidden, 0.5f);
+    auto [nt, nr] = weight(1, hidden, 2.0f, /*vector=*/true);
+    auto [wt, wr] = weight(N, hidden, 1.0f / std::sqrt(float(hidden)));
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (auto& id : ids) id = int32_t(rng_() % uint64_t(vocab));
+    ids.back() = int32_t(vocab - 1);
+    auto chain = [&](Backend& b, const Tensor& table, const Tensor& nw, const Tensor& w, Tensor& x, Tensor& y) {
+      NormedRows normed;
+      normed.h = b.alloc(n, hidden, b.activation_dtype());
+      b.embed_normed(ids, table, x, nw, 1e-6f, normed);
+      b.matmul_normed(normed, w, y);
+    };
+    Tensor xt = poisoned(n, hidden, DType::F32), yt = poisoned(n, N, DType::F32);
+    Tensor xr = r_.alloc(n, hidden, DType::F32), yr = r_.alloc(n, N, DType::F32);
+    chain(t_, tt, nt, wt, xt, yt);
+    chain(r_, tr, nr, wr, xr, yr);
+    const double us = time_us([&] { chain(t_, tt, nt, wt, xt, yt); }, yt);
+    const std::string sh = std::to_string(n) + " ids of" + dims(vocab, hidden) + " w" + dims(N, hidden);
+    report("embed_normed", sh + " x", fetch(t_, xt), fetch(r_, xr), 0, 0, "the residual, exact");
+    report("embed_normed", sh, fetch(t_, yt), fetch(r_, yr), tol_for(t_.activation_dtype()), us,
+           "then the normed product");
   }
 
   // A column block of a wider tensor into a column block of another (the features and KV
@@ -863,6 +945,11 @@ int run_doctor(const DoctorArgs& a) {
   d.deferred_norm(16, 4096, 4064, 4096, false, false);  // an emitter of one n8 tile a warp
   if (!q) d.deferred_norm(15, 12288, 4096, 151936, false, false);
   d.deferred_norm(3, 64, 64, 96, false, false);  // small, odd
+  // The LM head choosing greedy ids (fused on the GPU), at one row and a verification block; a
+  // small vocabulary (the composition).
+  d.normed_argmax(1, 4096, q ? 32768 : 151936);
+  d.normed_argmax(16, 4096, q ? 32768 : 151936);
+  d.normed_argmax(3, 256, 1000);
   d.deferred_norm(5, 61, 40, 96, true, false);   // no tensor cores: the default composition
   d.matmul_silu_mul(5, 64, 40);
   d.deferred_norm(40, 1024, 4096, 1024, false, false);  // prefill: the default composition
@@ -916,6 +1003,9 @@ int run_doctor(const DoctorArgs& a) {
 
   d.embed(8192, 4096, 512);
   d.embed(4160, 384, 7);
+  d.embed_normed(8192, 4096, 1, 4096);
+  d.embed_normed(8192, 4096, 16, 4096);
+  d.embed_normed(4160, 384, 7, 96);
 
   d.copy(16, 1024, DType::BF16, DType::BF16);
   d.copy(5, 77, DType::BF16, DType::F32);

@@ -105,7 +105,7 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
   Stopwatch total;
   SequenceState state = target_.new_sequence(capacity);
   Tensor next = b.alloc(1, 1, DType::I32);  // the id the next step embeds
-  b.argmax_rows_into(target_.forward(state, r.prompt, false).logits, next);
+  target_.forward(state, r.prompt, false, {}, &next);
   int32_t token = b.read_ids(next)->get()[0];
   st.prefill_seconds = total.seconds();
   out.commit(token);
@@ -115,8 +115,7 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
   const int64_t usable_steps = int64_t(r.max_new_tokens) - 1;
   int64_t queued = 0;
   auto queue_step = [&] {
-    b.queue_recorded("decode", [&] { b.argmax_rows_into(target_.forward(state, next, false).logits, next); },
-                     nullptr);
+    b.queue_recorded("decode", [&] { target_.forward(state, next, false, {}, &next); }, nullptr);
     ++queued;
     return b.read_ids(next);
   };

@@ -99,11 +99,10 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       Tensor anchor_id = block_ids.slice_rows(0, 1), draft_ids = block_ids.slice_rows(1, B - 1);
       const auto draft_start = b.mark();
       b.write_ids({anchor}, anchor_id);
-      b.argmax_rows_into(drafter_->draft(drafter_state, anchor, draft_block_, B), draft_ids);
+      drafter_->draft(drafter_state, anchor, draft_block_, B, &draft_ids);
       const auto drafted = b.mark();
       auto verify = [&] {
-        v = target_.forward(target_state, block_ids, true, feature_layers);
-        b.argmax_rows_into(v.logits, choice_ids);
+        v = target_.forward(target_state, block_ids, true, feature_layers, &choice_ids);
       };
       // A recording runs faster but starts only once recorded (engine/recording_rule.h).
       std::unique_ptr<QueueMark> started, verified;

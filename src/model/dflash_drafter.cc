@@ -263,7 +263,7 @@ void DFlashDrafter::add_context(SequenceState& state, const Tensor& features) {
   state.advance(m);
 }
 
-Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size, int rows) {
+Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size, int rows, Tensor* greedy_ids) {
   Backend& b = target_.backend();
   const Qwen3Config& c = config_.layers;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -283,17 +283,20 @@ Tensor DFlashDrafter::draft(SequenceState& state, int32_t anchor, int block_size
   std::vector<int32_t> pos(B);
   for (int64_t i = 0; i < B; ++i) pos[i] = static_cast<int32_t>(s + i);
   Tensor x = b.alloc(B, H, DType::F32);  // the residual stream, f32 as in the target
-  b.embed(ids, target_.embed_tokens(), x);
   DecoderScratch scratch = make_decoder_scratch(b, c, B);
   NormedRows normed;
   normed.h = scratch.h.slice_rows(0, B);
-  b.norm_rows(x, layers_[0].input_norm, eps, normed);
+  b.embed_normed(ids, target_.embed_tokens(), x, layers_[0].input_norm, eps, normed);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
     decoder_layer_attention_mlp(b, layers_[l], c, rope_, x, normed, next_norm, pos, state.kv(l), s, s + B,
                                 AttentionMask::None, scratch);
   }
   // Rows 1 … R − 1 predict the drafted tokens; normed holds every row's final norm.
+  if (greedy_ids) {
+    target_.choose_greedy(normed.slice_rows(1, R - 1), *greedy_ids);
+    return {};
+  }
   Tensor logits = b.alloc(R - 1, target_.config().vocab_size, DType::F32);  // logits stay f32 on every backend
   target_.project_to_vocab(normed.slice_rows(1, R - 1), logits);
   return logits;

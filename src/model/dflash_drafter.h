@@ -56,8 +56,9 @@ class DFlashDrafter {
   // Drafts the block [anchor, MASK × (B−1)] at positions state.length() …; returns the
   // logits of block rows 1 … rows−1 (rows ≤ B; 0 means all B). The state is left as it was.
   // A drafter predicts best with the block it was trained on, so the engine drafts whole
-  // blocks and verifies only as many rows as pay.
-  Tensor draft(SequenceState& state, int32_t anchor, int block_size, int rows = 0);
+  // blocks and verifies only as many rows as pay. With `greedy_ids` (I32 [rows − 1, 1]) it
+  // writes those rows' argmax there instead and returns no logits (Qwen3Model::forward).
+  Tensor draft(SequenceState& state, int32_t anchor, int block_size, int rows = 0, Tensor* greedy_ids = nullptr);
 
  private:
   DFlashDrafter(const Qwen3Model& target) : target_(target) {}

@@ -122,21 +122,31 @@ void Qwen3Model::project_to_vocab(const NormedRows& normed_hidden, Tensor& logit
   backend_.matmul_normed(normed_hidden, lm_head_, logits);
 }
 
+void Qwen3Model::choose_greedy(const NormedRows& normed_hidden, Tensor& ids) const {
+  backend_.matmul_normed_argmax(normed_hidden, lm_head_, ids);
+}
+
 ForwardOutput Qwen3Model::forward(SequenceState& state, const std::vector<int32_t>& tokens,
-                                  bool all_logits, const std::vector<int>& feature_layers) {
+                                  bool all_logits, const std::vector<int>& feature_layers, Tensor* greedy_ids) {
   return forward_embedded(state, static_cast<int64_t>(tokens.size()), all_logits, feature_layers,
-                          [&](Tensor& x) { backend_.embed(tokens, embed_, x); });
+                          [&](Tensor& x, const Tensor& norm_w, float eps, NormedRows& normed) {
+                            backend_.embed_normed(tokens, embed_, x, norm_w, eps, normed);
+                          },
+                          greedy_ids);
 }
 
 ForwardOutput Qwen3Model::forward(SequenceState& state, const Tensor& token_ids, bool all_logits,
-                                  const std::vector<int>& feature_layers) {
+                                  const std::vector<int>& feature_layers, Tensor* greedy_ids) {
   return forward_embedded(state, token_ids.rows, all_logits, feature_layers,
-                          [&](Tensor& x) { backend_.embed_rows(token_ids, embed_, x); });
+                          [&](Tensor& x, const Tensor& norm_w, float eps, NormedRows& normed) {
+                            backend_.embed_rows_normed(token_ids, embed_, x, norm_w, eps, normed);
+                          },
+                          greedy_ids);
 }
 
 ForwardOutput Qwen3Model::forward_embedded(SequenceState& state, int64_t T, bool all_logits,
                                            const std::vector<int>& feature_layers,
-                                           const std::function<void(Tensor& x)>& embed) {
+                                           const EmbedNormed& embed_normed, Tensor* greedy_ids) {
   Backend& b = backend_;
   const Qwen3Config& c = config_;
   const int64_t H = c.hidden_size;
@@ -157,7 +167,6 @@ ForwardOutput Qwen3Model::forward_embedded(SequenceState& state, int64_t T, bool
   // The residual stream stays f32 on every backend: each layer adds two products into it, and
   // rounding it to bf16 after every add is most of a bf16 engine's distance from f32.
   Tensor x = b.alloc(T, H, DType::F32);
-  embed(x);
   DecoderScratch scratch = make_decoder_scratch(b, c, T);
 
   ForwardOutput out;
@@ -165,7 +174,7 @@ ForwardOutput Qwen3Model::forward_embedded(SequenceState& state, int64_t T, bool
   const float eps = static_cast<float>(c.rms_norm_eps);
   NormedRows normed;
   normed.h = scratch.h.slice_rows(0, T);
-  b.norm_rows(x, layers_[0].input_norm, eps, normed);
+  embed_normed(x, layers_[0].input_norm, eps, normed);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const Tensor& next_norm = i + 1 < c.num_hidden_layers ? layers_[i + 1].input_norm : final_norm_;
     decoder_layer_attention_mlp(b, layers_[i], c, rope_, x, normed, next_norm, positions, state.kv(i), pos0, pos0 + T,
@@ -183,6 +192,10 @@ ForwardOutput Qwen3Model::forward_embedded(SequenceState& state, int64_t T, bool
 
   // normed: the final norm of every row (left by the last layer).
   const int64_t rows = all_logits ? T : 1;
+  if (greedy_ids) {
+    choose_greedy(normed.slice_rows(T - rows, rows), *greedy_ids);
+    return out;
+  }
   out.logits = b.alloc(rows, c.vocab_size, DType::F32);  // f32 on every backend: sampling and argmax need it
   project_to_vocab(normed.slice_rows(T - rows, rows), out.logits);
   return out;

@@ -32,7 +32,7 @@ DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& backend, const
                                        const std::string& prefix);
 
 struct ForwardOutput {
-  Tensor logits;    // [rows asked for, vocab]
+  Tensor logits;    // [rows asked for, vocab]; empty where the pass chose greedy ids instead
   Tensor features;  // [tokens, K · hidden] when feature layers were asked for
 };
 
@@ -50,13 +50,16 @@ class Qwen3Model {
 
   // Runs `tokens` at positions state.length() … and appends them to the state. Returns logits
   // of every row (all_logits) or of the last, and the residual stream after each layer in
-  // `feature_layers` (0-based), concatenated per row in that order.
+  // `feature_layers` (0-based), concatenated per row in that order. With `greedy_ids` (I32
+  // [rows asked for, 1], from alloc) the pass writes each of those rows' argmax there instead
+  // of returning logits (Backend::matmul_normed_argmax): a greedy step that needs only ids.
   ForwardOutput forward(SequenceState& state, const std::vector<int32_t>& tokens, bool all_logits,
-                        const std::vector<int>& feature_layers = {});
+                        const std::vector<int>& feature_layers = {}, Tensor* greedy_ids = nullptr);
   // The same with the tokens where the backend keeps them (I32 [T, 1], Backend::embed_rows):
-  // a step queued before the host has read the tokens it runs.
+  // a step queued before the host has read the tokens it runs. greedy_ids may be token_ids:
+  // the embedding has read them before the choice is written.
   ForwardOutput forward(SequenceState& state, const Tensor& token_ids, bool all_logits,
-                        const std::vector<int>& feature_layers = {});
+                        const std::vector<int>& feature_layers = {}, Tensor* greedy_ids = nullptr);
 
   // Weight bytes one decode step streams: every layer and the LM head (the embedding is only
   // gathered). The memory-bandwidth bound of plain decoding is bandwidth / this.
@@ -68,11 +71,16 @@ class Qwen3Model {
   // logits = hidden · lm_headᵀ, on normalised hidden states (the drafter normalises with its
   // own final norm before borrowing this).
   void project_to_vocab(const NormedRows& normed_hidden, Tensor& logits) const;
+  // ids ← each row's argmax of project_to_vocab, the logits not kept.
+  void choose_greedy(const NormedRows& normed_hidden, Tensor& ids) const;
 
  private:
   Qwen3Model(Backend& b) : backend_(b) {}
+  // x ← the tokens' embeddings, then normed ← the first layer's input norm of x.
+  using EmbedNormed = std::function<void(Tensor& x, const Tensor& norm_w, float eps, NormedRows& normed)>;
   ForwardOutput forward_embedded(SequenceState& state, int64_t T, bool all_logits,
-                                 const std::vector<int>& feature_layers, const std::function<void(Tensor& x)>& embed);
+                                 const std::vector<int>& feature_layers, const EmbedNormed& embed_normed,
+                                 Tensor* greedy_ids);
   Backend& backend_;
   std::string dir_;
   Qwen3Config config_;

@@ -374,6 +374,20 @@ class CudaBackend final : public Backend {
                   int(K), false, w.weight, stream_, &n, tiled_for(w));
   }
 
+  void matmul_normed_argmax(const NormedRows& in, const Tensor& w, Tensor& ids) override {
+    expect_ids(ids, in.h.rows, "matmul_normed_argmax");
+    const int64_t M = in.h.rows, N = w.rows, K = in.h.cols;
+    if (!consumable(in, w) || M > kSkinnyMaxRows ||
+        !skinny_argmax_applies(in.h.data, in.h.ld, w.data, w.ld, int(M), int(N), int(K)))
+      return Backend::matmul_normed_argmax(in, w, ids);
+    const SkinnyNorm n = consume(in);
+    auto scratch = pool_->allocate(skinny_argmax_scratch_bytes(int(M)), "matmul_normed_argmax");
+    OpTimer timer(prof_.get(), "matmul_normed_argmax M<=16",
+                  [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
+    skinny_matmul_argmax(in.h.data, in.h.ld, w.data, w.ld, nullptr, 0, int(M), int(N), int(K), w.weight, n,
+                         ids.ptr<int32_t>(), ids.ld, scratch.get(), stream_);
+  }
+
   void matmul_silu_mul_normed(const NormedRows& in, const Tensor& w, Tensor& act) override {
     if (!in.deferred) return matmul_silu_mul(in.h, w, act);
     const int64_t M = in.h.rows, N = w.rows, K = in.h.cols;
@@ -551,7 +565,8 @@ class CudaBackend final : public Backend {
                    out.rows, out.cols, stream_);
   }
 
-  void embed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& out) override {
+  // embed()'s checks: the shapes, and every id a row of the table.
+  static void check_embed(const std::vector<int32_t>& ids, const Tensor& table, const Tensor& out) {
     expect_device(table, "embed", "table");
     expect_device(out, "embed", "out");
     if (out.rows != static_cast<int64_t>(ids.size()) || out.cols != table.cols)
@@ -561,6 +576,10 @@ class CudaBackend final : public Backend {
       if (id < 0 || id >= table.rows)
         throw Error("token id " + std::to_string(id) + " is outside the embedding table (" +
                     std::to_string(table.rows) + " rows)");
+  }
+
+  void embed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& out) override {
+    check_embed(ids, table, out);
     if (ids.empty()) return;
     OpTimer timer(prof_.get(), "embed", [&] { return std::to_string(ids.size()) + "x" + std::to_string(table.cols); });
     auto dev_ids = upload_ints(ids, "embed");
@@ -644,6 +663,45 @@ class CudaBackend final : public Backend {
     auto part = pool_->allocate(cuda::argmax_scratch_bytes(x.rows, x.cols), "argmax_rows_into");
     OpTimer timer(prof_.get(), "argmax", [&] { return dims(x.rows, x.cols); });
     cuda::argmax_rows(x.ptr<float>(), x.ld, x.rows, x.cols, ids.ptr<int32_t>(), part.get(), stream_);
+  }
+
+  // The embedding and the first deferred norm of a pass as one launch (embed_norm_emit): where
+  // the norm would be deferred (rows of a decode or verification step) and the rows align.
+  // DFLASH_FUSED_EMBED_NORM=0 (measuring): the two launches, as before.
+  bool embed_fusable(const Tensor& table, const Tensor& x, const Tensor& norm_w, const NormedRows& out) const {
+    static const bool enabled = [] {
+      const char* e = std::getenv("DFLASH_FUSED_EMBED_NORM");
+      return !(e && std::strcmp(e, "0") == 0);
+    }();
+    return enabled && deferrable(x, norm_w, out.h) && (on_device(table, DType::BF16) || on_device(table, DType::F32)) &&
+           table.cols == x.cols &&
+           embed_norm_emit_applies(table.data, table.ld, elem_of(table, "embed"), x.ptr<float>(), x.ld,
+                                   norm_w.ptr<float>(), out.h.ptr<__nv_bfloat16>(), out.h.ld, x.cols);
+  }
+  void embed_norm_fused(const int32_t* dev_ids, const Tensor& table, Tensor& x, const Tensor& norm_w, float eps,
+                        NormedRows& out) {
+    out.partial = alloc(x.rows, 1, DType::F32);
+    remember(out, x, norm_w, eps);
+    out.deferred = true;
+    OpTimer timer(prof_.get(), "embed_normed", [&] { return dims(x); });
+    embed_norm_emit(dev_ids, table.data, table.ld, elem_of(table, "embed"), x.ptr<float>(), x.ld, norm_w.ptr<float>(),
+                    out.h.ptr<__nv_bfloat16>(), out.h.ld, out.partial.ptr<float>(), x.rows, x.cols, stream_);
+  }
+
+  void embed_normed(const std::vector<int32_t>& ids, const Tensor& table, Tensor& x, const Tensor& norm_w, float eps,
+                    NormedRows& out) override {
+    if (ids.empty() || !embed_fusable(table, x, norm_w, out)) return Backend::embed_normed(ids, table, x, norm_w, eps, out);
+    check_embed(ids, table, x);
+    auto dev_ids = upload_ints(ids, "embed");
+    embed_norm_fused(static_cast<const int32_t*>(dev_ids.get()), table, x, norm_w, eps, out);
+  }
+
+  void embed_rows_normed(const Tensor& ids, const Tensor& table, Tensor& x, const Tensor& norm_w, float eps,
+                         NormedRows& out) override {
+    if (x.rows == 0 || !embed_fusable(table, x, norm_w, out))
+      return Backend::embed_rows_normed(ids, table, x, norm_w, eps, out);
+    expect_ids(ids, x.rows, "embed_rows");
+    embed_norm_fused(ids.ptr<int32_t>(), table, x, norm_w, eps, out);
   }
 
   void embed_rows(const Tensor& ids, const Tensor& table, Tensor& out) override {
@@ -838,6 +896,11 @@ double copy_bandwidth(size_t bytes) {
 bool has_tiled_copy(const Backend& b, const Tensor& w) {
   const auto* c = dynamic_cast<const CudaBackend*>(&b);
   return c && c->tiled_for(w) != nullptr;
+}
+
+bool fuses_argmax(const Tensor& h, const Tensor& w) {
+  return h.dtype == DType::BF16 && w.dtype == DType::BF16 && w.cols == h.cols && h.rows <= kSkinnyMaxRows &&
+         skinny_argmax_applies(h.data, h.ld, w.data, w.ld, int(h.rows), int(w.rows), int(h.cols));
 }
 
 }  // namespace cuda

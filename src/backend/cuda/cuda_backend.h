@@ -18,6 +18,9 @@ std::string device_summary();
 // Whether `b` (a CUDA backend) keeps a pre-tiled copy of weight w for the skinny products
 // (DFLASH_CUDA_TILED_WEIGHTS=1 when it was made): what the GPU test of that path checks first.
 bool has_tiled_copy(const Backend& b, const Tensor& w);
+// Whether matmul_normed_argmax over rows h (bf16, a deferred norm's) and weight w chooses inside
+// the product's kernel here (the GPU test of that path checks first that it does).
+bool fuses_argmax(const Tensor& h, const Tensor& w);
 // Device-to-device copy bandwidth (bytes read + bytes written per second) over two buffers
 // of `bytes` each, the best of several timed copies after a warm-up.
 double copy_bandwidth(size_t bytes);

@@ -51,6 +51,19 @@ bool skinny_mma_applies(const void* x, int64_t ldx, const void* w, int64_t ldw, 
 // Partial sums per row an emitting product of a [N, K] weight writes (its block count).
 int skinny_norm_parts(int N, int K);
 
+// ids[m] = the argmax over n of x[m] · w[n]ᵀ (a consumed deferred norm, as skinny_matmul with
+// `norm`), chosen in the product's own kernel instead of by argmax_rows over stored logits:
+// the same values, the same rule (ties to the lowest n, NaN never chosen, 0 for a row of
+// nothing else), so the same ids. y (f32 [M, N], may be null) receives the logits as well.
+// Returns false, having queued nothing, where the fused kernel does not apply (then run
+// skinny_matmul and argmax_rows; skinny_argmax_applies asks first). scratch:
+// skinny_argmax_scratch_bytes(M).
+bool skinny_argmax_applies(const void* x, int64_t ldx, const void* w, int64_t ldw, int M, int N, int K);
+size_t skinny_argmax_scratch_bytes(int M);
+bool skinny_matmul_argmax(const void* x, int64_t ldx, const void* w, int64_t ldw, float* y, int64_t ldy, int M, int N,
+                          int K, bool w_uploaded, const SkinnyNorm& norm, int32_t* ids, int64_t ld_ids, void* scratch,
+                          cudaStream_t s);
+
 // y[m, n] = silu(g)·u with g = bf16(x[m]·w[n]ᵀ), u = bf16(x[m]·w[N/2 + n]ᵀ) for w = [gate; up]
 // [N, K] and bf16 y [M, N/2]: matmul then silu_mul in one launch, the same bits. Only where
 // skinny_silu_pair_supported() (judged from pointers, strides, N and K, never M). norm: a
@@ -72,6 +85,13 @@ void skinny_tile_weight(const void* w, int64_t rows, int64_t cols, int64_t ld, v
 // and cols % 4 == 0.
 void norm_emit(const float* x, int64_t ldx, const float* norm_w, __nv_bfloat16* h, int64_t ldh, float* partial,
                int64_t rows, int64_t cols, cudaStream_t s);
+// embed (f32 x [rows, cols] ← table rows ids) and then norm_emit on x, in one launch: the same
+// values and sums. Only where embed_norm_emit_applies (the table's rows aligned as x's must be).
+bool embed_norm_emit_applies(const void* table, int64_t ld_table, Elem table_elem, const float* x, int64_t ldx,
+                             const float* norm_w, const __nv_bfloat16* h, int64_t ldh, int64_t cols);
+void embed_norm_emit(const int32_t* ids, const void* table, int64_t ld_table, Elem table_elem, float* x, int64_t ldx,
+                     const float* norm_w, __nv_bfloat16* h, int64_t ldh, float* partial, int64_t rows, int64_t cols,
+                     cudaStream_t s);
 
 // Each `group` consecutive elements of a row: y = w ⊙ x / rms(x); in place allowed.
 void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_elem, void* y, int64_t ldy,

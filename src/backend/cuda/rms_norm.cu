@@ -68,14 +68,16 @@ int vec_threads(int64_t group) { return static_cast<int>(std::min<int64_t>(1024,
 // (at most kMaxVecPerThread); its sum of squares adds them in that order, each vector's four
 // squares left to right; then the warp butterfly; then the warps' sums in warp order.
 // EMIT (the first deferred norm of a pass, norm_emit below): y = w ⊙ x without the 1/rms,
-// and the row's sum of squares to partial_out[r] (groups must be 1).
-template <typename In, typename W, typename Out, bool EMIT>
+// and the row's sum of squares to partial_out[r] (groups must be 1). GATHER (with EMIT,
+// embed_norm_emit below): row r of x is the table row ids[r], and its values are stored as f32
+// to gathered[r] as well (the embedding's output, the residual stream).
+template <typename In, typename W, typename Out, bool EMIT, bool GATHER = false>
 __global__ void __launch_bounds__(1024)
     rms_norm_vec_kernel(const In* x, int64_t ldx, const W* w, Out* y, int64_t ldy, int64_t groups, int64_t group,
-                        float eps, float* partial_out) {
+                        float eps, float* partial_out, const int32_t* ids, float* gathered, int64_t ld_gathered) {
   grid_dependency_begin();
   const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
-  const In* in = x + r * ldx + g * group;
+  const In* in = GATHER ? x + int64_t(ids[r]) * ldx : x + r * ldx + g * group;
   const int nvec = static_cast<int>(group / 4);
   float v[kMaxVecPerThread][4];
   float ss = 0.f;
@@ -84,6 +86,7 @@ __global__ void __launch_bounds__(1024)
     const int i = threadIdx.x + j * blockDim.x;
     if (i < nvec) {
       load4(in + 4 * i, v[j]);
+      if constexpr (GATHER) store4(gathered + r * ld_gathered + 4 * i, v[j]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) ss = __fmaf_rn(v[j][e], v[j][e], ss);
     }
@@ -133,7 +136,7 @@ void rms_norm(const void* x, int64_t ldx, Elem x_elem, const void* w, Elem w_ele
           launch_kernel("rms_norm", rms_norm_vec_kernel<In, W, Out, false>, static_cast<unsigned>(blocks),
                         vec_threads(group), 0, s,
               static_cast<const In*>(x), ldx, static_cast<const W*>(w), static_cast<Out*>(y), ldy, groups, group, eps,
-              nullptr);
+              nullptr, nullptr, nullptr, int64_t(0));
         } else {
           const int threads = static_cast<int>(std::min<int64_t>(256, (group + 31) / 32 * 32));
           launch_kernel("rms_norm", rms_norm_kernel<In, W, Out>, static_cast<unsigned>(blocks), threads, 0, s,
@@ -152,7 +155,29 @@ void norm_emit(const float* x, int64_t ldx, const float* norm_w, __nv_bfloat16* 
       !vec_aligned<__nv_bfloat16>(h, ldh))
     throw Error("cuda norm_emit: rows of " + std::to_string(cols) + " need 16-byte-aligned vectors of 4");
   launch_kernel("rms_norm", rms_norm_vec_kernel<float, float, __nv_bfloat16, true>, static_cast<unsigned>(rows),
-                vec_threads(cols), 0, s, x, ldx, norm_w, h, ldh, 1, cols, 0.f, partial);
+                vec_threads(cols), 0, s, x, ldx, norm_w, h, ldh, 1, cols, 0.f, partial, nullptr, nullptr, int64_t(0));
+}
+
+bool embed_norm_emit_applies(const void* table, int64_t ld_table, Elem table_elem, const float* x, int64_t ldx,
+                             const float* norm_w, const __nv_bfloat16* h, int64_t ldh, int64_t cols) {
+  const bool table_vec = table_elem == Elem::F32 ? vec_aligned<float>(table, ld_table)
+                                                 : vec_aligned<__nv_bfloat16>(table, ld_table);
+  return vec_group(cols) && table_vec && vec_aligned<float>(x, ldx) && vec_aligned<float>(norm_w, 0) &&
+         vec_aligned<__nv_bfloat16>(h, ldh);
+}
+
+void embed_norm_emit(const int32_t* ids, const void* table, int64_t ld_table, Elem table_elem, float* x, int64_t ldx,
+                     const float* norm_w, __nv_bfloat16* h, int64_t ldh, float* partial, int64_t rows, int64_t cols,
+                     cudaStream_t s) {
+  if (rows == 0) return;
+  if (!embed_norm_emit_applies(table, ld_table, table_elem, x, ldx, norm_w, h, ldh, cols))
+    throw Error("cuda embed_norm_emit: rows of " + std::to_string(cols) + " need 16-byte-aligned vectors of 4");
+  dispatch_elem(table_elem, [&](auto ti) {
+    using In = decltype(ti);
+    launch_kernel("rms_norm", rms_norm_vec_kernel<In, float, __nv_bfloat16, true, true>, static_cast<unsigned>(rows),
+                  vec_threads(cols), 0, s, static_cast<const In*>(table), ld_table, norm_w, h, ldh, int64_t(1), cols,
+                  0.f, partial, ids, x, ldx);
+  });
 }
 
 }  // namespace dflash::cuda

@@ -337,13 +337,80 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   mark.exit();
 }
 
-template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1>
+// The greedy choice fused into a persistent product (skinny_matmul_argmax, ARGMAX): each
+// thread keeps the best (value, column) of the outputs it stores, slot i of the epilogue's
+// loop; at the end each block writes its best per row, and the last block to finish (a ticket
+// counter, set back to zero by that block) reduces them into ids. "Larger value, else lower
+// column" is a total order, so neither the tiles' order nor the reduction's changes the answer,
+// and NaN, never larger nor equal, never wins: argmax_rows' rule (argmax.cu).
+constexpr int kArgSlots = 4 * kWarps * 32;  // epilogue slots a block may hold: M · block_cols (the LM head: 16 · 64)
+constexpr int kArgNone = 0x7fffffff;
+struct RowArgmax {
+  int32_t* ids = nullptr;  // [M] with stride ld_ids
+  int64_t ld_ids = 1;
+  float* part_v = nullptr;  // [M, gridDim.x]: each block's best
+  int* part_i = nullptr;
+  unsigned* ticket = nullptr;
+  bool store_y = true;
+};
+
+__device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+__device__ __forceinline__ void warp_arg_best(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    arg_better(v, i, ov, oi);
+  }
+}
+
+// The end of an ARGMAX product: every thread's slots are final.
+__device__ __forceinline__ void finish_row_argmax(const float* slot_v, const int* slot_i, int M, int block_cols,
+                                                  const RowArgmax& a, int warp, int lane) {
+  __syncthreads();
+  for (int m = warp; m < M; m += kWarps) {
+    float v = -INFINITY;
+    int i = kArgNone;
+    for (int col = lane; col < block_cols; col += 32) arg_better(v, i, slot_v[m * block_cols + col], slot_i[m * block_cols + col]);
+    warp_arg_best(v, i);
+    if (lane == 0) {
+      a.part_v[int64_t(m) * gridDim.x + blockIdx.x] = v;
+      a.part_i[int64_t(m) * gridDim.x + blockIdx.x] = i;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(a.ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int m = warp; m < M; m += kWarps) {
+    float v = -INFINITY;
+    int i = kArgNone;
+    for (int b = lane; b < int(gridDim.x); b += 32)
+      arg_better(v, i, __ldcg(a.part_v + int64_t(m) * gridDim.x + b), __ldcg(a.part_i + int64_t(m) * gridDim.x + b));
+    warp_arg_best(v, i);
+    if (lane == 0) a.ids[int64_t(m) * a.ld_ids] = i == kArgNone ? 0 : i;
+  }
+  if (threadIdx.x == 0) *a.ticket = 0;
+}
+
+template <int MT, int NT, typename Out, int EPI = kEpiPlain, bool PAIR = false, bool TILED = false, int PRE = 1,
+          bool ARGMAX = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     skinny_mma_persistent_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                                  const __nv_bfloat16* __restrict__ w, int64_t ldw, Out* __restrict__ y, int64_t ldy,
                                  int M, int N, int K, int S, bool accumulate, const SkinnyNorm norm, bool w_uploaded,
-                                 bool early_y, int tiles, unsigned* sched, int2 rotate, bool cross_tile) {
+                                 bool early_y, int tiles, unsigned* sched, int2 rotate, bool cross_tile,
+                                 const RowArgmax arg) {
   static_assert(EPI != kEpiEmitNorm || (!PAIR && std::is_same_v<Out, float>), "the residual stream is f32");
+  static_assert(!ARGMAX || (!PAIR && EPI != kEpiEmitNorm && std::is_same_v<Out, float>), "argmax of f32 logits");
   constexpr int U = 8 / NT;  // chunks per batch: eight 16-byte weight loads per lane
   static_assert(!PAIR || NT == 2, "a gate/up pair is two n8 tiles");
   constexpr int kRows = NT * 8;                // rows of w per warp
@@ -452,6 +519,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
   constexpr int kMaxBlockCols = kWarps * kCols;
   __shared__ float sq[EPI == kEpiEmitNorm ? MT * 16 : 1][EPI == kEpiEmitNorm ? kMaxBlockCols : 1];
+  // ARGMAX: epilogue slot i's best so far (the host keeps M · block_cols within kArgSlots).
+  __shared__ float slot_v[ARGMAX ? kArgSlots : 1];
+  __shared__ int slot_i[ARGMAX ? kArgSlots : 1];
+  if constexpr (ARGMAX)
+    for (int i = threadIdx.x; i < kArgSlots; i += blockDim.x) slot_v[i] = -INFINITY, slot_i[i] = kArgNone;
   for (;;) {
     unsigned taken = 0;
     if (sched && threadIdx.x == 0) taken = atomicAdd(sched, 1u);  // used one step into the walk
@@ -586,6 +658,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         if constexpr (EPI == kEpiScaleInv) up *= inv_rms[m];
         *dst = from_f32<Out>(silu_mul_f32(__bfloat162float(__float2bfloat16_rn(sum)),
                                           __bfloat162float(__float2bfloat16_rn(up))));
+      } else if constexpr (ARGMAX) {
+        const float v = accumulate ? to_f32(*dst) + sum : sum;
+        if (arg.store_y) *dst = from_f32<Out>(v);
+        arg_better(slot_v[i], slot_i[i], v, int(n));
       } else {
         const bool early = has_early && i == int(threadIdx.x);
         const float v = accumulate ? (early ? y_early : to_f32(*dst)) + sum : sum;
@@ -611,6 +687,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     load_early();
     __syncthreads();  // part and sq are written again by the next tile
   }
+  if constexpr (ARGMAX) finish_row_argmax(slot_v, slot_i, M, block_cols, arg, warp, lane);
   mark.exit();
 }
 
@@ -738,26 +815,41 @@ int64_t mma_blocks(int64_t N, int NT, int S, bool pair) {
 constexpr int kSchedCounters = 64;
 __device__ unsigned g_sched_counters[kSchedCounters];
 
-unsigned* sched_counter(cudaStream_t s) {
+// The fused argmax's ticket counters (RowArgmax), one per stream in the same way, each set back
+// to zero by the block that took the last ticket.
+__device__ unsigned g_argmax_tickets[kSchedCounters];
+
+int stream_counter_slot(cudaStream_t s) {
   static std::mutex mutex;
   static std::map<cudaStream_t, int> slots;
-  static unsigned* base = [] {
-    void* p = nullptr;
-    check(cudaGetSymbolAddress(&p, g_sched_counters), "matmul (skinny)", "cudaGetSymbolAddress");
-    return static_cast<unsigned*>(p);
-  }();
   std::lock_guard<std::mutex> lock(mutex);
-  const auto it = slots.try_emplace(s, static_cast<int>(slots.size() % kSchedCounters)).first;
-  return base + it->second;
+  return slots.try_emplace(s, static_cast<int>(slots.size() % kSchedCounters)).first->second;
 }
 
-template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED>
+unsigned* device_counters(const void* symbol) {
+  void* p = nullptr;
+  check(cudaGetSymbolAddress(&p, symbol), "matmul (skinny)", "cudaGetSymbolAddress");
+  return static_cast<unsigned*>(p);
+}
+
+unsigned* sched_counter(cudaStream_t s) {
+  static unsigned* base = device_counters(g_sched_counters);
+  return base + stream_counter_slot(s);
+}
+
+unsigned* argmax_ticket(cudaStream_t s) {
+  static unsigned* base = device_counters(g_argmax_tickets);
+  return base + stream_counter_slot(s);
+}
+
+template <int MT, int NT, typename Out, int EPI, bool PAIR, bool TILED, bool ARGMAX = false>
 int64_t persistent_slots() {
   // Blocks of the persistent kernel resident at once (two per SM by its launch bounds).
   static const int64_t slots = [] {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED>,
-                                                      kWarps * 32, 0) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, skinny_mma_persistent_kernel<MT, NT, Out, EPI, PAIR, TILED, 1, ARGMAX>, kWarps * 32, 0) !=
+        cudaSuccess) {
       (void)cudaGetLastError();
       per_sm = 0;
     }
@@ -813,7 +905,7 @@ void launch_mma_kernels(const void* x, int64_t ldx, const void* w, int64_t ldw, 
     if constexpr (MT == 1) default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
     launch_kernel("matmul (skinny)", kernel, unsigned(slots), kWarps * 32, 0, s, xp, ldx, wp, ldw, static_cast<Out*>(y),
                   ldy, M, N, K, S, accumulate, norm, prewait, ms.early_y, static_cast<int>(tiles), sched, ms.rotate,
-                  ms.cross_tile);
+                  ms.cross_tile, RowArgmax{});
     return;
   }
   constexpr auto kernel = skinny_mma_kernel<MT, NT, Out, EPI, PAIR, TILED, PRE>;
@@ -1166,6 +1258,61 @@ bool skinny_mma_applies(const void* x, int64_t ldx, const void* w, int64_t ldw, 
 int skinny_norm_parts(int N, int K) {
   const MmaTiling tl = mma_tiling(N, K, mma_settings().target_warps, mma_settings().block_slots);
   return static_cast<int>(mma_blocks(N, tl.NT, tl.S, false));
+}
+
+namespace {
+template <int PRE>
+void launch_argmax_kernel(const void* x, int64_t ldx, const void* w, int64_t ldw, float* y, int64_t ldy, int M, int N,
+                          int K, int S, bool prewait, const SkinnyNorm& norm, int64_t tiles, int64_t slots,
+                          const RowArgmax& arg, cudaStream_t s) {
+  const MmaSettings& ms = mma_settings();
+  constexpr auto kernel = skinny_mma_persistent_kernel<1, 2, float, kEpiScaleInv, false, false, PRE, true>;
+  default_carveout<kernel>(kSkinnyCarveout, "matmul (skinny)");
+  launch_kernel("matmul (skinny)", kernel, unsigned(slots), kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x),
+                ldx, static_cast<const __nv_bfloat16*>(w), ldw, y, ldy, M, N, K, S, false, norm, prewait, ms.early_y,
+                static_cast<int>(tiles), sched_counter(s), ms.rotate, ms.cross_tile, arg);
+}
+}  // namespace
+
+bool skinny_argmax_applies(const void* x, int64_t ldx, const void* w, int64_t ldw, int M, int N, int K) {
+  return skinny_matmul_argmax(x, ldx, w, ldw, nullptr, 0, M, N, K, false, SkinnyNorm{}, nullptr, 1, nullptr, nullptr);
+}
+
+size_t skinny_argmax_scratch_bytes(int M) {
+  const int64_t slots = persistent_slots<1, 2, float, kEpiScaleInv, false, false, true>();
+  return size_t(std::max<int>(M, 1)) * size_t(std::max<int64_t>(slots, 1)) * (sizeof(float) + sizeof(int));
+}
+
+bool skinny_matmul_argmax(const void* x, int64_t ldx, const void* w, int64_t ldw, float* y, int64_t ldy, int M, int N,
+                          int K, bool w_uploaded, const SkinnyNorm& norm, int32_t* ids, int64_t ld_ids, void* scratch,
+                          cudaStream_t s) {
+  // DFLASH_FUSED_ARGMAX=0 (measuring): the product, then argmax_rows, as before.
+  static const bool enabled = [] {
+    const char* e = std::getenv("DFLASH_FUSED_ARGMAX");
+    return !(e && std::string(e) == "0");
+  }();
+  const MmaSettings& ms = mma_settings();
+  if (!enabled || M < 1 || M > 16 || N <= 0 || !skinny_mma_applies(x, ldx, w, ldw, K) || ms.persist != 2) return false;
+  // The plain product's tiling, so that the logits (and so the ids) are those of skinny_matmul.
+  const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots);
+  const int block_cols = (kWarps / tl.S) * tl.NT * 8;
+  const int64_t tiles = mma_blocks(N, tl.NT, tl.S, false);
+  const int64_t slots = persistent_slots<1, 2, float, kEpiScaleInv, false, false, true>();
+  if (tl.NT != 2 || tiles <= slots || int64_t(M) * block_cols > kArgSlots) return false;
+  if (!ids) return true;  // the question only (skinny_argmax_applies)
+  RowArgmax arg;
+  arg.ids = ids;
+  arg.ld_ids = ld_ids;
+  arg.part_v = static_cast<float*>(scratch);
+  arg.part_i = reinterpret_cast<int*>(arg.part_v + int64_t(M) * slots);
+  arg.ticket = argmax_ticket(s);
+  arg.store_y = y != nullptr;
+  const bool prewait = w_uploaded && ms.prewait != 0;
+  if (prewait && prewait_batches(ms, N, K, tl.S, tl.NT, true) == 2)
+    launch_argmax_kernel<2>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, prewait, norm, tiles, slots, arg, s);
+  else
+    launch_argmax_kernel<1>(x, ldx, w, ldw, y, ldy, M, N, K, tl.S, prewait, norm, tiles, slots, arg, s);
+  return true;
 }
 
 bool skinny_silu_pair_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, int N, int K) {
