@@ -116,7 +116,7 @@ void Backend::embed_rows(const Tensor& ids, const Tensor& table, Tensor& out) {
   embed(host_ids(*this, ids, "embed_rows"), table, out);
 }
 
-std::unique_ptr<PendingIds> Backend::read_ids(const Tensor& ids, bool) {
+std::unique_ptr<PendingIds> Backend::read_ids(const Tensor& ids) {
   return std::make_unique<ReadyIds>(host_ids(*this, ids, "read_ids"));
 }
 

@@ -219,9 +219,7 @@ class Backend {
   // they must be rows of the table (argmax_rows_into over logits of the table's vocabulary).
   virtual void embed_rows(const Tensor& ids, const Tensor& table, Tensor& out);
   // Starts bringing ids (I32 [rows, 1]) back, as they will be once the ops queued so far ran.
-  // beside_queue: ops queued after it need not wait for the copy (a backend may run it on a
-  // path of its own); the caller then queues no write to ids before get() returns.
-  virtual std::unique_ptr<PendingIds> read_ids(const Tensor& ids, bool beside_queue = false);
+  virtual std::unique_ptr<PendingIds> read_ids(const Tensor& ids);
   // Queues ids ← v (I32 [v.size(), 1]).
   virtual void write_ids(const std::vector<int32_t>& v, Tensor& ids);
   // Timing queued work without waiting between its parts: the seconds between two marks,

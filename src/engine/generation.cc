@@ -104,12 +104,9 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
 
   Stopwatch total;
   SequenceState state = target_.new_sequence(capacity);
-  // Step k embeds ids[k % 2] and leaves its choice in ids[(k + 1) % 2]. The buffer step k + 2
-  // overwrites is step k's, whose read the host has by then (one step is queued ahead), so
-  // the reads may run beside the queue: the next step does not wait for a copy.
-  Tensor ids[2] = {b.alloc(1, 1, DType::I32), b.alloc(1, 1, DType::I32)};
-  target_.forward(state, r.prompt, false, {}, &ids[0]);
-  int32_t token = b.read_ids(ids[0])->get()[0];
+  Tensor next = b.alloc(1, 1, DType::I32);  // the id the next step embeds
+  target_.forward(state, r.prompt, false, {}, &next);
+  int32_t token = b.read_ids(next)->get()[0];
   st.prefill_seconds = total.seconds();
   out.commit(token);
   // The prefill gave the first token, so max_new_tokens − 1 steps can be used: a step past
@@ -118,11 +115,9 @@ GenerationResult Engine::generate_plain_queued(const GenerationRequest& r) {
   const int64_t usable_steps = int64_t(r.max_new_tokens) - 1;
   int64_t queued = 0;
   auto queue_step = [&] {
-    Tensor& in = ids[queued % 2];
-    Tensor& chosen = ids[(queued + 1) % 2];
-    b.queue_recorded("decode", [&] { target_.forward(state, in, false, {}, &chosen); }, nullptr);
+    b.queue_recorded("decode", [&] { target_.forward(state, next, false, {}, &next); }, nullptr);
     ++queued;
-    return b.read_ids(chosen, true);
+    return b.read_ids(next);
   };
   std::unique_ptr<PendingIds> current, ahead;
   while (!out.done()) {

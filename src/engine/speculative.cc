@@ -114,9 +114,7 @@ GenerationResult Engine::generate_speculative(const GenerationRequest& r) {
       } else {
         verify();
       }
-      // Beside the queue: the context update need not wait for the copy, and nothing writes
-      // ids before the host has them.
-      std::unique_ptr<PendingIds> pending = b.read_ids(ids, true);
+      std::unique_ptr<PendingIds> pending = b.read_ids(ids);
       if (context_ahead) drafter_->add_context(drafter_state, v.features);  // runs while the host waits
       const std::vector<int32_t> read = pending->get();
       std::copy(read.begin(), read.begin() + B, block.begin());

@@ -716,9 +716,9 @@ class CudaBackend final : public Backend {
                 out.data, out.ld, elem_of(out, "embed_rows"), stream_);
   }
 
-  std::unique_ptr<PendingIds> read_ids(const Tensor& ids, bool beside_queue) override {
+  std::unique_ptr<PendingIds> read_ids(const Tensor& ids) override {
     expect_ids(ids, ids.rows, "read_ids");
-    return id_reads_->read(static_cast<const int32_t*>(ids.data), size_t(ids.rows), beside_queue);
+    return id_reads_->read(static_cast<const int32_t*>(ids.data), size_t(ids.rows));
   }
 
   void write_ids(const std::vector<int32_t>& v, Tensor& ids) override {

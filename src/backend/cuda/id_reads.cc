@@ -1,8 +1,6 @@
 #include "backend/cuda/id_reads.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -30,23 +28,15 @@ IdReads::IdReads(cudaStream_t stream) : stream_(stream) {
   check(cudaHostAlloc(&host_, kSlots * kSlotIds * sizeof(int32_t), cudaHostAllocDefault), "init",
         "allocating pinned read slots");
   for (auto& e : events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
-  for (auto& e : queued_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "init", "cudaEventCreate");
-  check(cudaStreamCreateWithFlags(&beside_, cudaStreamNonBlocking), "init", "cudaStreamCreate");
-  const char* knob = std::getenv("DFLASH_ID_READS_BESIDE");
-  beside_enabled_ = !(knob && std::strcmp(knob, "0") == 0);
 }
 
 IdReads::~IdReads() {
-  if (beside_) cudaStreamSynchronize(beside_);
   for (auto e : events_)
     if (e) cudaEventDestroy(e);
-  for (auto e : queued_)
-    if (e) cudaEventDestroy(e);
-  if (beside_) cudaStreamDestroy(beside_);
   cudaFreeHost(host_);
 }
 
-std::unique_ptr<PendingIds> IdReads::read(const int32_t* dev, size_t n, bool beside_queue) {
+std::unique_ptr<PendingIds> IdReads::read(const int32_t* dev, size_t n) {
   size_t slot = 0;
   while (slot < kSlots && in_use_[slot]) ++slot;
   if (slot == kSlots || n > kSlotIds)
@@ -54,15 +44,9 @@ std::unique_ptr<PendingIds> IdReads::read(const int32_t* dev, size_t n, bool bes
                 std::to_string(std::count(in_use_, in_use_ + kSlots, true)) + " of " + std::to_string(kSlots) +
                 " read slots held (at most " + std::to_string(kSlotIds) + " ids a slot)");
   int32_t* host = host_ + slot * kSlotIds;
-  cudaStream_t copy_stream = stream_;
-  if (beside_queue && beside_enabled_ && n) {
-    check(cudaEventRecord(queued_[slot], stream_), "read_ids", "cudaEventRecord");
-    check(cudaStreamWaitEvent(beside_, queued_[slot], 0), "read_ids", "cudaStreamWaitEvent");
-    copy_stream = beside_;
-  }
-  if (n) check(cudaMemcpyAsync(host, dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, copy_stream), "read_ids",
+  if (n) check(cudaMemcpyAsync(host, dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "read_ids",
                "device to host copy");
-  check(cudaEventRecord(events_[slot], copy_stream), "read_ids", "cudaEventRecord");
+  check(cudaEventRecord(events_[slot], stream_), "read_ids", "cudaEventRecord");
   in_use_[slot] = true;
   return std::make_unique<Pending>(*this, slot, n);
 }

@@ -2,9 +2,6 @@
 // Backend::read_ids on the CUDA stream: pinned slots of kSlotIds ids, each with the event of its
 // copy, held while the PendingIds that reads it lives. A few suffice: plain decoding holds two
 // reads at a time (the step it waits for and the one queued ahead), the speculative loop one.
-// A read beside the queue copies on a stream of its own, so that the ops queued after it (the
-// drafter's context update behind a verification) start without waiting for the copy; the
-// knob DFLASH_ID_READS_BESIDE=0 keeps every copy on the compute stream.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -25,16 +22,13 @@ class IdReads {
   IdReads& operator=(const IdReads&) = delete;
 
   // Starts copying n ids from the device (as they will be once the work queued so far ran).
-  std::unique_ptr<PendingIds> read(const int32_t* dev, size_t n, bool beside_queue = false);
+  std::unique_ptr<PendingIds> read(const int32_t* dev, size_t n);
 
  private:
   class Pending;
   cudaStream_t stream_;
-  cudaStream_t beside_ = nullptr;  // reads beside the queue
-  bool beside_enabled_ = true;
   int32_t* host_ = nullptr;  // pinned, kSlots × kSlotIds
   cudaEvent_t events_[kSlots] = {};
-  cudaEvent_t queued_[kSlots] = {};  // a read beside the queue: where the compute stream was
   bool in_use_[kSlots] = {};
 };
 
