@@ -215,7 +215,11 @@ class Doctor {
     const auto x_got = fetch(t_, xt), x_want = fetch(r_, xr), got = fetch(t_, yt), want = fetch(r_, yr);
     const double us = time_us([&] { chain(t_, at, wot, nt, wt, xt, yt); }, yt);  // x drifts: checked above
     if (!first) report("matmul_add_norm", sh + " x", x_got, x_want, 1e-4, 0, "the residual, x += a·woᵀ");
-    report(pair ? "silu_mul_normed" : "matmul_normed", sh, got, want, tol_for(dt), us,
+    // silu(g)·u multiplies two rounded products, so its error is about both of theirs (0.004 at
+    // 8B shapes), and a case of few outputs spreads around that (x[5,40]: 0.0043 and 0.0061 in
+    // two runs, H100, 2026-12-06): the pair is held to the contract's bf16 bound.
+    const double tol = pair && dt != DType::F32 ? 1e-2 : tol_for(dt);
+    report(pair ? "silu_mul_normed" : "matmul_normed", sh, got, want, tol, us,
            first ? "norm_rows, then the product" : "product + residual + norm, then the product");
     if (M == 1 || M > 32) return;  // prefill rows (M > 32) need not equal decode rows
     // Each row alone through the chain == the same row inside the block, bitwise.
