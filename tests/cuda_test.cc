@@ -467,6 +467,21 @@ TensorInfo bf16_checkpoint_tensor(const std::string& name, int64_t rows, int64_t
   return ti;
 }
 
+// rows × cols bf16 values drawn from N(0, scale²), as a checkpoint's bits.
+std::vector<uint16_t> random_bf16_bits(std::mt19937& rng, int64_t rows, int64_t cols, float scale) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<uint16_t> bits(static_cast<size_t>(rows * cols));
+  for (auto& v : bits) v = f32_to_bf16(scale * nd(rng));
+  return bits;
+}
+
+// `bits` uploaded the way the engine uploads a checkpoint's weight.
+Tensor upload_checkpoint_weight(Backend& b, const std::string& name, int64_t rows, int64_t cols,
+                                const std::vector<uint16_t>& bits) {
+  const TensorInfo ti = bf16_checkpoint_tensor(name, rows, cols, bits);
+  return b.upload_weight({&ti});
+}
+
 // A residual product emitting the next norm (w: o- or down-shaped), then a product consuming it
 // (wq), for rows first … first + n of a and x0: the residual with the emitted h, and the
 // consumer's output.
@@ -561,13 +576,10 @@ TEST(CudaSkinny, UploadedWeightsRowsInBlocksEqualRowsAlone) {
   Backend& b = *backend;
   RandomTensors tensor{b, 13};
   std::mt19937 rng(31);
-  std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<std::vector<uint16_t>> keep;
   auto weight = [&](const std::string& name, int64_t rows, int64_t cols) {
-    keep.emplace_back(size_t(rows * cols));
-    for (auto& v : keep.back()) v = f32_to_bf16(0.02f * nd(rng));
-    const TensorInfo ti = bf16_checkpoint_tensor(name, rows, cols, keep.back());
-    return b.upload_weight({&ti});
+    keep.push_back(random_bf16_bits(rng, rows, cols, 0.02f));
+    return upload_checkpoint_weight(b, name, rows, cols, keep.back());
   };
   const int64_t H = 4096, I = 12288, Q = 6144;
   const Tensor wd = weight("down", H, I), wq = weight("qkv", Q, H), nw = tensor(1, H, 1.f, DType::F32);
@@ -597,7 +609,6 @@ TEST(CudaSkinny, FusedArgmaxChoosesWhatArgmaxRowsChooses) {
   Backend& b = *backend;
   RandomTensors tensor{b, 16};
   std::mt19937 rng(33);
-  std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t M = 16;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{20000, 4096}, {151936, 512}};
   for (const auto& [N, K] : shapes) {
@@ -609,12 +620,8 @@ TEST(CudaSkinny, FusedArgmaxChoosesWhatArgmaxRowsChooses) {
       b.norm_rows(x.slice_rows(first, n), nw, 1e-6f, r);
       return r;
     };
-    std::vector<uint16_t> bits(size_t(N * K));
-    for (auto& v : bits) v = f32_to_bf16(0.02f * nd(rng));
-    auto upload = [&] {
-      const TensorInfo ti = bf16_checkpoint_tensor("lm_head", N, K, bits);
-      return b.upload_weight({&ti});
-    };
+    std::vector<uint16_t> bits = random_bf16_bits(rng, N, K, 0.02f);
+    auto upload = [&] { return upload_checkpoint_weight(b, "lm_head", N, K, bits); };
     auto logits = [&](const Tensor& w) {
       Tensor y = b.alloc(M, N, DType::F32);
       b.matmul_normed(normed_rows(0, M), w, y);

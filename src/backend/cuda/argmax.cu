@@ -11,6 +11,7 @@
 #include <string>
 
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/greedy_order.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 
@@ -20,23 +21,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kSliceTarget = 4096;  // elements per block: four 16-byte loads per thread
 constexpr int kMaxSlices = 1024;
-constexpr int kNone = 0x7fffffff;
-
-__device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-
 // The block's best pair into (v, i) of thread 0.
 __device__ __forceinline__ void block_best(float& v, int& i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    better(v, i, ov, oi);
-  }
+  warp_best(v, i);
   __shared__ float sv[kThreads / 32];
   __shared__ int si[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -46,7 +33,7 @@ __device__ __forceinline__ void block_best(float& v, int& i) {
   }
   __syncthreads();
   if (threadIdx.x == 0)
-    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) better(v, i, sv[w], si[w]);
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) keep_better(v, i, sv[w], si[w]);
 }
 
 // Block (b, r) reduces columns [b·slice, min(cols, (b + 1)·slice)) of row r. vec: the row start
@@ -58,21 +45,21 @@ __global__ void __launch_bounds__(kThreads)
   const float* row = x + int64_t(blockIdx.y) * ldx;
   const int64_t c0 = int64_t(blockIdx.x) * slice, c1 = min(cols, c0 + slice);
   float v = -INFINITY;
-  int i = kNone;
+  int i = kNoColumn;
   if (vec) {
     const int64_t n4 = (c1 - c0) / 4;
 #pragma unroll 4
     for (int64_t k = threadIdx.x; k < n4; k += kThreads) {
       const float4 f = reinterpret_cast<const float4*>(row + c0)[k];
       const int c = static_cast<int>(c0 + 4 * k);
-      better(v, i, f.x, c);
-      better(v, i, f.y, c + 1);
-      better(v, i, f.z, c + 2);
-      better(v, i, f.w, c + 3);
+      keep_better(v, i, f.x, c);
+      keep_better(v, i, f.y, c + 1);
+      keep_better(v, i, f.z, c + 2);
+      keep_better(v, i, f.w, c + 3);
     }
-    for (int64_t c = c0 + 4 * n4 + threadIdx.x; c < c1; c += kThreads) better(v, i, row[c], static_cast<int>(c));
+    for (int64_t c = c0 + 4 * n4 + threadIdx.x; c < c1; c += kThreads) keep_better(v, i, row[c], static_cast<int>(c));
   } else {
-    for (int64_t c = c0 + threadIdx.x; c < c1; c += kThreads) better(v, i, row[c], static_cast<int>(c));
+    for (int64_t c = c0 + threadIdx.x; c < c1; c += kThreads) keep_better(v, i, row[c], static_cast<int>(c));
   }
   block_best(v, i);
   if (threadIdx.x == 0) {
@@ -86,11 +73,11 @@ __global__ void __launch_bounds__(kThreads)
                         int32_t* __restrict__ out) {
   grid_dependency_begin();
   float v = -INFINITY;
-  int i = kNone;
+  int i = kNoColumn;
   for (int b = threadIdx.x; b < slices; b += blockDim.x)
-    better(v, i, part_v[int64_t(blockIdx.x) * slices + b], part_i[int64_t(blockIdx.x) * slices + b]);
+    keep_better(v, i, part_v[int64_t(blockIdx.x) * slices + b], part_i[int64_t(blockIdx.x) * slices + b]);
   block_best(v, i);
-  if (threadIdx.x == 0) out[blockIdx.x] = i == kNone ? 0 : i;
+  if (threadIdx.x == 0) out[blockIdx.x] = i == kNoColumn ? 0 : i;
 }
 
 int slices_for(int64_t cols) {

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/greedy_order.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/swiglu.cuh"
@@ -340,11 +341,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // The greedy choice fused into a persistent product (skinny_matmul_argmax, ARGMAX): each
 // thread keeps the best (value, column) of the outputs it stores, slot i of the epilogue's
 // loop; at the end each block writes its best per row, and the last block to finish (a ticket
-// counter, set back to zero by that block) reduces them into ids. "Larger value, else lower
-// column" is a total order, so neither the tiles' order nor the reduction's changes the answer,
-// and NaN, never larger nor equal, never wins: argmax_rows' rule (argmax.cu).
+// counter, set back to zero by that block) reduces them into ids, in argmax_rows' order
+// (greedy_order.cuh), so the choice is the two-launch path's.
 constexpr int kArgSlots = 4 * kWarps * 32;  // epilogue slots a block may hold: M · block_cols (the LM head: 16 · 64)
-constexpr int kArgNone = 0x7fffffff;
 struct RowArgmax {
   int32_t* ids = nullptr;  // [M] with stride ld_ids
   int64_t ld_ids = 1;
@@ -354,30 +353,15 @@ struct RowArgmax {
   bool store_y = true;
 };
 
-__device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-__device__ __forceinline__ void warp_arg_best(float& v, int& i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    arg_better(v, i, ov, oi);
-  }
-}
-
 // The end of an ARGMAX product: every thread's slots are final.
 __device__ __forceinline__ void finish_row_argmax(const float* slot_v, const int* slot_i, int M, int block_cols,
                                                   const RowArgmax& a, int warp, int lane) {
   __syncthreads();
   for (int m = warp; m < M; m += kWarps) {
     float v = -INFINITY;
-    int i = kArgNone;
-    for (int col = lane; col < block_cols; col += 32) arg_better(v, i, slot_v[m * block_cols + col], slot_i[m * block_cols + col]);
-    warp_arg_best(v, i);
+    int i = kNoColumn;
+    for (int col = lane; col < block_cols; col += 32) keep_better(v, i, slot_v[m * block_cols + col], slot_i[m * block_cols + col]);
+    warp_best(v, i);
     if (lane == 0) {
       a.part_v[int64_t(m) * gridDim.x + blockIdx.x] = v;
       a.part_i[int64_t(m) * gridDim.x + blockIdx.x] = i;
@@ -392,11 +376,11 @@ __device__ __forceinline__ void finish_row_argmax(const float* slot_v, const int
   __threadfence();
   for (int m = warp; m < M; m += kWarps) {
     float v = -INFINITY;
-    int i = kArgNone;
+    int i = kNoColumn;
     for (int b = lane; b < int(gridDim.x); b += 32)
-      arg_better(v, i, __ldcg(a.part_v + int64_t(m) * gridDim.x + b), __ldcg(a.part_i + int64_t(m) * gridDim.x + b));
-    warp_arg_best(v, i);
-    if (lane == 0) a.ids[int64_t(m) * a.ld_ids] = i == kArgNone ? 0 : i;
+      keep_better(v, i, __ldcg(a.part_v + int64_t(m) * gridDim.x + b), __ldcg(a.part_i + int64_t(m) * gridDim.x + b));
+    warp_best(v, i);
+    if (lane == 0) a.ids[int64_t(m) * a.ld_ids] = i == kNoColumn ? 0 : i;
   }
   if (threadIdx.x == 0) *a.ticket = 0;
 }
@@ -523,7 +507,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   __shared__ float slot_v[ARGMAX ? kArgSlots : 1];
   __shared__ int slot_i[ARGMAX ? kArgSlots : 1];
   if constexpr (ARGMAX)
-    for (int i = threadIdx.x; i < kArgSlots; i += blockDim.x) slot_v[i] = -INFINITY, slot_i[i] = kArgNone;
+    for (int i = threadIdx.x; i < kArgSlots; i += blockDim.x) slot_v[i] = -INFINITY, slot_i[i] = kNoColumn;
   for (;;) {
     unsigned taken = 0;
     if (sched && threadIdx.x == 0) taken = atomicAdd(sched, 1u);  // used one step into the walk
@@ -661,7 +645,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       } else if constexpr (ARGMAX) {
         const float v = accumulate ? to_f32(*dst) + sum : sum;
         if (arg.store_y) *dst = from_f32<Out>(v);
-        arg_better(slot_v[i], slot_i[i], v, int(n));
+        keep_better(slot_v[i], slot_i[i], v, int(n));
       } else {
         const bool early = has_early && i == int(threadIdx.x);
         const float v = accumulate ? (early ? y_early : to_f32(*dst)) + sum : sum;
