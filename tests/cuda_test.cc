@@ -669,6 +669,62 @@ TEST(CudaSkinny, FusedArgmaxChoosesWhatArgmaxRowsChooses) {
   }
 }
 
+// A feature layer's rows stored by the residual product's epilogue (matmul_add_norm's x_copy,
+// DFLASH_FEATURES_FROM_EPILOGUE=1) against the copy after it (the default backend): the same
+// residual, normed rows, norm partials and bf16 feature rows, bit for bit, at 1 and 16 rows, into
+// a column slice of a wider features tensor as the target's pass gives it, with the slots beside
+// it left as they were.
+TEST(CudaSkinny, FeatureRowsFromTheEpilogueEqualTheCopy) {
+  REQUIRE_GPU(backend);
+#ifdef DFLASH_CUDA
+  setenv("DFLASH_FEATURES_FROM_EPILOGUE", "1", 1);
+  const std::unique_ptr<Backend> fused = make_cuda_backend();
+  unsetenv("DFLASH_FEATURES_FROM_EPILOGUE");
+  ASSERT_TRUE(fused);
+  ASSERT_TRUE(cuda::features_in_epilogue(*fused));
+  ASSERT_FALSE(cuda::features_in_epilogue(*backend));
+  std::mt19937 rng(35);
+  const int64_t H = 4096, I = 12288, slots = 3;
+  const std::vector<uint16_t> down = random_bf16_bits(rng, H, I, 0.02f);
+  const std::vector<float> nw_h = bf16_normal(rng, H, 1.f, 0.1f);
+  for (const int64_t M : {1, 16}) {
+    const std::vector<float> a_h = bf16_normal(rng, M * I, 0.f, 1.f), x_h = bf16_normal(rng, M * H, 0.f, 1.f);
+    const std::vector<float> before(size_t(M * slots * H), 0.5f);
+    auto run = [&](Backend& b) {
+      const Tensor w = upload_checkpoint_weight(b, "down", H, I, down);
+      const Tensor a = upload_as(b, a_h.data(), M, I, DType::BF16), nw = upload_as(b, nw_h.data(), 1, H, DType::F32);
+      Tensor x = upload_as(b, x_h.data(), M, H, DType::F32);
+      Tensor features = upload_as(b, before.data(), M, slots * H, DType::BF16);
+      Tensor slot = features.slice_cols(H, H);
+      NormedRows normed;
+      normed.h = b.alloc(M, H, b.activation_dtype());
+      b.matmul_add_norm(a, w, x, nw, 1e-6f, normed, &slot);
+      EXPECT_TRUE(normed.deferred) << M << " rows: the fused residual product did not run";
+      return std::vector<std::vector<float>>{download(b, x), download(b, normed.h), download(b, normed.partial),
+                                             download(b, features)};
+    };
+    const auto want = run(*backend), got = run(*fused);
+    const char* parts[] = {"the residual", "the normed rows", "the norm partials", "the features"};
+    for (size_t p = 0; p < want.size(); ++p) {
+      ASSERT_EQ(got[p].size(), want[p].size()) << M << " rows: " << parts[p];
+      EXPECT_EQ(std::memcmp(got[p].data(), want[p].data(), want[p].size() * sizeof(float)), 0)
+          << M << " rows: " << parts[p];
+    }
+    // The slot holds bf16(x); its neighbours are untouched.
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < slots * H; ++n) {
+        const float f = got[3][size_t(m * slots * H + n)];
+        const float expect = n / H == 1 ? bf16_to_f32(f32_to_bf16(got[0][size_t(m * H + n % H)])) : 0.5f;
+        if (f != expect) {
+          ADD_FAILURE() << M << " rows: feature row " << m << ", column " << n << " is " << f << ", not " << expect;
+          m = M;
+          break;
+        }
+      }
+  }
+#endif
+}
+
 // A pass's first steps in one launch (embed_rows_normed / embed_normed: the embedding and the
 // first deferred norm, embed_norm_emit) against the two ops they replace (Backend's default
 // composition on the same backend): the residual rows, the normed rows, the norm's partial sums

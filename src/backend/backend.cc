@@ -428,9 +428,10 @@ void Backend::norm_rows(const Tensor& x, const Tensor& norm_w, float eps, Normed
 }
 
 void Backend::matmul_add_norm(const Tensor& a, const Tensor& w, Tensor& x, const Tensor& norm_w, float eps,
-                              NormedRows& out) {
+                              NormedRows& out, Tensor* x_copy) {
   matmul(a, w, x, /*accumulate=*/true);
   norm_rows(x, norm_w, eps, out);
+  if (x_copy) copy(x, *x_copy);
 }
 
 namespace {

@@ -257,8 +257,10 @@ class Backend {
   virtual void embed_rows_normed(const Tensor& ids, const Tensor& table, Tensor& x, const Tensor& norm_w, float eps,
                                  NormedRows& out);
   // x += a · wᵀ, then out = rms_norm(x; norm_w, eps): a layer's residual add and the norm after it.
+  // x_copy: also copy(x, *x_copy) after the add (a feature layer's rows for a drafter), which a
+  // backend may store from the product's own epilogue.
   virtual void matmul_add_norm(const Tensor& a, const Tensor& w, Tensor& x, const Tensor& norm_w, float eps,
-                               NormedRows& out);
+                               NormedRows& out, Tensor* x_copy = nullptr);
   // y = in · wᵀ, and act = silu(in · w_gateᵀ) ⊙ (in · w_upᵀ) as matmul_silu_mul.
   virtual void matmul_normed(const NormedRows& in, const Tensor& w, Tensor& y);
   // ids (I32 [in.h.rows, 1], from alloc) ← each row's argmax of in · wᵀ by argmax_rows' rule,

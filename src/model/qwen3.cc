@@ -8,7 +8,6 @@
 #include "util/error.h"
 
 namespace dflash {
-
 DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3Config& c,
                                        const std::string& prefix) {
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
@@ -54,7 +53,7 @@ DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t ro
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
                                  const RopeTable& rope, Tensor& x, NormedRows& normed, const Tensor& next_norm,
                                  const std::vector<int32_t>& q_pos, KvCache& cache, int64_t kv_pos0, int64_t kv_len,
-                                 AttentionMask mask, DecoderScratch& s) {
+                                 AttentionMask mask, DecoderScratch& s, Tensor* x_copy) {
   const int64_t T = x.rows, D = c.head_dim;
   const int64_t q_cols = int64_t(c.num_attention_heads) * D, kv_cols = int64_t(c.num_key_value_heads) * D;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -70,7 +69,7 @@ void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const
   b.matmul_add_norm(attn, w.o_proj, x, w.post_attention_norm, eps, normed);
   Tensor act = s.act.slice_rows(0, T);
   b.matmul_silu_mul_normed(normed, w.gate_up_proj, act);
-  b.matmul_add_norm(act, w.down_proj, x, next_norm, eps, normed);
+  b.matmul_add_norm(act, w.down_proj, x, next_norm, eps, normed, x_copy);
 }
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, Backend& b) {
@@ -177,13 +176,19 @@ ForwardOutput Qwen3Model::forward_embedded(SequenceState& state, int64_t T, bool
   embed_normed(x, layers_[0].input_norm, eps, normed);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const Tensor& next_norm = i + 1 < c.num_hidden_layers ? layers_[i + 1].input_norm : final_norm_;
+    // transformers' hidden_states[L] (what drafters are trained on) is taken after the final
+    // norm; every earlier entry is the raw residual stream, which the layer's last product
+    // copies as it adds (into its first slot, should a layer be listed twice).
+    Tensor copied;
+    if (i + 1 < c.num_hidden_layers)
+      for (size_t k = 0; k < feature_layers.size() && !copied.data; ++k)
+        if (feature_layers[k] == i) copied = out.features.slice_cols(int64_t(k) * H, H);
     decoder_layer_attention_mlp(b, layers_[i], c, rope_, x, normed, next_norm, positions, state.kv(i), pos0, pos0 + T,
-                                AttentionMask::Causal, scratch);
+                                AttentionMask::Causal, scratch, copied.data ? &copied : nullptr);
     for (size_t k = 0; k < feature_layers.size(); ++k) {
       if (feature_layers[k] != i) continue;
       Tensor dst = out.features.slice_cols(int64_t(k) * H, H);
-      // transformers' hidden_states[L] (what drafters are trained on) is taken after the
-      // final norm; every earlier entry is the raw residual stream.
+      if (copied.data && dst.data == copied.data) continue;
       if (i == c.num_hidden_layers - 1) b.rms_norm(x, final_norm_, eps, H, dst);
       else b.copy(x, dst);
     }

@@ -94,14 +94,15 @@ class Qwen3Model {
 // these rows are written to `cache` rows kv_pos0 … and attention covers cache rows
 // 0 … kv_len − 1 with `mask`. Shared by the target (causal) and the drafter (block).
 // `normed` holds rms_norm(x; w.input_norm) on entry (Backend::NormedRows, its h in s.h) and
-// rms_norm(x; next_norm) on exit: the next layer's input norm, or the final norm.
+// rms_norm(x; next_norm) on exit: the next layer's input norm, or the final norm. x_copy: the
+// layer's output rows (x on exit) copied there too, as Backend::matmul_add_norm's x_copy.
 struct DecoderScratch {
   Tensor h, qkv, attn, act;
 };
 void decoder_layer_attention_mlp(Backend& b, const DecoderLayerWeights& w, const Qwen3Config& c,
                                  const RopeTable& rope, Tensor& x, NormedRows& normed, const Tensor& next_norm,
                                  const std::vector<int32_t>& q_pos, KvCache& cache, int64_t kv_pos0, int64_t kv_len,
-                                 AttentionMask mask, DecoderScratch& s);
+                                 AttentionMask mask, DecoderScratch& s, Tensor* x_copy = nullptr);
 DecoderScratch make_decoder_scratch(Backend& b, const Qwen3Config& c, int64_t rows);
 
 }  // namespace dflash

@@ -105,6 +105,8 @@ class CudaBackend final : public Backend {
     read_back_ = std::make_unique<ReadBack>(stream_);
     sampling_ = std::make_unique<SamplingOps>(*pool_, stream_, *read_back_, prof_.get());
     if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS"); e && std::string(e) == "1") tile_weights_ = true;
+    if (const char* e = std::getenv("DFLASH_FEATURES_FROM_EPILOGUE"); e && std::string(e) == "1")
+      features_in_epilogue_ = true;
   }
 
   ~CudaBackend() override {
@@ -214,6 +216,7 @@ class CudaBackend final : public Backend {
                ? it->second.data.get()
                : nullptr;
   }
+  bool features_in_epilogue() const { return features_in_epilogue_; }
 
   Tensor upload(const float* host, int64_t rows, int64_t cols) override {
     Tensor t = alloc(rows, cols, DType::F32);
@@ -324,12 +327,15 @@ class CudaBackend final : public Backend {
   }
 
   void matmul_add_norm(const Tensor& a, const Tensor& w, Tensor& x, const Tensor& norm_w, float eps,
-                       NormedRows& out) override {
+                       NormedRows& out, Tensor* x_copy) override {
     const int64_t M = a.rows, N = w.rows, K = a.cols;
     const bool fused = deferrable(x, norm_w, out.h) && on_device(a, DType::BF16) && on_device(w, DType::BF16) &&
                        w.cols == K && x.rows == M && x.cols == N && N <= INT32_MAX && K <= INT32_MAX &&
                        skinny_mma_applies(a.data, a.ld, w.data, w.ld, int(K));
-    if (!fused || M == 0) return Backend::matmul_add_norm(a, w, x, norm_w, eps, out);
+    if (!fused || M == 0) return Backend::matmul_add_norm(a, w, x, norm_w, eps, out, x_copy);
+    // The copy from the epilogue where it is a plain bf16 one; otherwise as its own op below.
+    const bool copy_in_epilogue = features_in_epilogue_ && x_copy && on_device(*x_copy, DType::BF16) &&
+                                  x_copy->rows == M && x_copy->cols == N;
     const int parts = skinny_norm_parts(int(N), int(K));
     out.partial = alloc(M, parts, DType::F32);
     remember(out, x, norm_w, eps);
@@ -340,10 +346,17 @@ class CudaBackend final : public Backend {
     emit.ldh = out.h.ld;
     emit.partial_out = out.partial.ptr<float>();
     emit.ld_partial = out.partial.ld;
-    OpTimer timer(prof_.get(), "matmul_add_norm M<=32",
-                  [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
-    skinny_matmul(a.data, a.ld, w.data, w.ld, x.data, x.ld, Elem::F32, int(M), int(N), int(K), true, w.weight,
-                  stream_, &emit, tiled_for(w));
+    if (copy_in_epilogue) {
+      emit.y_copy = x_copy->ptr<__nv_bfloat16>();
+      emit.ld_y_copy = x_copy->ld;
+    }
+    {
+      OpTimer timer(prof_.get(), "matmul_add_norm M<=32",
+                    [&] { return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N); });
+      skinny_matmul(a.data, a.ld, w.data, w.ld, x.data, x.ld, Elem::F32, int(M), int(N), int(K), true, w.weight,
+                    stream_, &emit, tiled_for(w));
+    }
+    if (x_copy && !copy_in_epilogue) copy(x, *x_copy);
   }
 
   // The consuming side: the product's sums times each row's 1/rms (SkinnyNorm).
@@ -836,6 +849,10 @@ class CudaBackend final : public Backend {
   };
   bool tile_weights_ = false;
   std::map<const void*, TiledCopy> tiled_;
+  // DFLASH_FEATURES_FROM_EPILOGUE=1 (measuring; off until timed on a GPU): matmul_add_norm's
+  // x_copy (a feature layer's rows) stored by the product's epilogue, not by a copy after it:
+  // one launch fewer for each feature layer of a verification or prefill.
+  bool features_in_epilogue_ = false;
 };
 
 int visible_devices() {
@@ -896,6 +913,11 @@ double copy_bandwidth(size_t bytes) {
 bool has_tiled_copy(const Backend& b, const Tensor& w) {
   const auto* c = dynamic_cast<const CudaBackend*>(&b);
   return c && c->tiled_for(w) != nullptr;
+}
+
+bool features_in_epilogue(const Backend& b) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&b);
+  return c && c->features_in_epilogue();
 }
 
 bool fuses_argmax(const Tensor& h, const Tensor& w) {

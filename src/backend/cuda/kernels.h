@@ -27,6 +27,8 @@ struct SkinnyNorm {
   __nv_bfloat16* h = nullptr;       // emit: [M, N]
   int64_t ldh = 0;
   float* partial_out = nullptr;     // emit
+  __nv_bfloat16* y_copy = nullptr;  // emit, optional: bf16(y) [M, N] too (a drafter's feature rows)
+  int64_t ld_y_copy = 0;
   const float* partial_in = nullptr;  // consume
   int64_t ld_partial = 0;           // either side
   int parts = 0;                    // consume: partials per row

@@ -320,6 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       *dst = from_f32<Out>(v);
       if constexpr (EPI == kEpiEmitNorm) {
         norm.h[int64_t(m) * norm.ldh + n] = __float2bfloat16_rn((early ? nw_early : norm.norm_w[n]) * v);
+        if (norm.y_copy) norm.y_copy[int64_t(m) * norm.ld_y_copy + n] = __float2bfloat16_rn(v);
         sq[m][col] = v * v;
       }
     }
@@ -652,6 +653,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         *dst = from_f32<Out>(v);
         if constexpr (EPI == kEpiEmitNorm) {
           norm.h[int64_t(m) * norm.ldh + n] = __float2bfloat16_rn((early ? nw_early : norm.norm_w[n]) * v);
+          if (norm.y_copy) norm.y_copy[int64_t(m) * norm.ld_y_copy + n] = __float2bfloat16_rn(v);
           sq[m][col] = v * v;
         }
       }
