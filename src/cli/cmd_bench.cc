@@ -137,7 +137,8 @@ void measure_prefill(LoadedModels& m, const std::vector<int32_t>& prompt, int ru
 // --graph-probe: how much of a step's GPU time CUDA graphs would recover. Each of a decode
 // step, a verification of a block and a draft of a block runs at a fixed place after the
 // prompt (the state rolled back before each call, so every call queues the same work at the
-// same addresses), launched op by op and replayed from a graph captured from one call.
+// same addresses), launched op by op and replayed from a graph captured from one call. Each
+// pass is the greedy loops' own: ids in from the device and its greedy choices out, no logits.
 void run_graph_probe(LoadedModels& m, const std::vector<int32_t>& prompt, nlohmann::json& report) {
   Qwen3Model& target = *m.target;
   const int B = m.drafter ? m.drafter->config().block_size : 16;
@@ -161,18 +162,24 @@ void run_graph_probe(LoadedModels& m, const std::vector<int32_t>& prompt, nlohma
                  {"host_enqueue_ms", g.host_enqueue_ms}, {"host_capture_ms", g.host_capture_ms},
                  {"host_instantiate_ms", g.host_instantiate_ms}, {"host_update_ms", g.host_update_ms}};
   };
+  Backend& b = *m.backend;
+  Tensor anchor_id = b.alloc(1, 1, DType::I32), next_id = b.alloc(1, 1, DType::I32);
+  Tensor block_ids = b.alloc(B, 1, DType::I32), choice_ids = b.alloc(B, 1, DType::I32);
+  Tensor draft_ids = b.alloc(B - 1, 1, DType::I32);
+  b.write_ids({anchor}, anchor_id);
+  b.write_ids(block, block_ids);
   probe("decode (1 row)", [&] {
     ts.truncate(s);
-    target.forward(ts, {anchor}, false);
+    target.forward(ts, anchor_id, false, {}, &next_id);
   });
   probe("verify (block rows)", [&] {
     ts.truncate(s);
-    target.forward(ts, block, true, features);
+    target.forward(ts, block_ids, true, features, &choice_ids);
   });
   if (m.drafter) {
     SequenceState ds = m.drafter->new_sequence(s + B);
     m.drafter->add_context(ds, prefill.features);
-    probe("draft (block rows)", [&] { m.drafter->draft(ds, anchor, B, B); });
+    probe("draft (block rows)", [&] { m.drafter->draft(ds, anchor, B, B, &draft_ids); });
     // The drafter's context update for a verified block (every row of it, as the queued loop
     // projects them), on the features of a verification at the same place.
     ts.truncate(s);
