@@ -467,6 +467,17 @@ TensorInfo bf16_checkpoint_tensor(const std::string& name, int64_t rows, int64_t
   return ti;
 }
 
+#ifdef DFLASH_CUDA
+// A CUDA backend made with the measuring knob `knob`=1 (read when a backend is made), which is
+// unset again.
+std::unique_ptr<Backend> cuda_backend_with(const char* knob) {
+  setenv(knob, "1", 1);
+  std::unique_ptr<Backend> b = make_cuda_backend();
+  unsetenv(knob);
+  return b;
+}
+#endif
+
 // rows × cols bf16 values drawn from N(0, scale²), as a checkpoint's bits.
 std::vector<uint16_t> random_bf16_bits(std::mt19937& rng, int64_t rows, int64_t cols, float scale) {
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -677,9 +688,7 @@ TEST(CudaSkinny, FusedArgmaxChoosesWhatArgmaxRowsChooses) {
 TEST(CudaSkinny, FeatureRowsFromTheEpilogueEqualTheCopy) {
   REQUIRE_GPU(backend);
 #ifdef DFLASH_CUDA
-  setenv("DFLASH_FEATURES_FROM_EPILOGUE", "1", 1);
-  const std::unique_ptr<Backend> fused = make_cuda_backend();
-  unsetenv("DFLASH_FEATURES_FROM_EPILOGUE");
+  const std::unique_ptr<Backend> fused = cuda_backend_with("DFLASH_FEATURES_FROM_EPILOGUE");
   ASSERT_TRUE(fused);
   ASSERT_TRUE(cuda::features_in_epilogue(*fused));
   ASSERT_FALSE(cuda::features_in_epilogue(*backend));
@@ -780,9 +789,7 @@ TEST(CudaEmbed, NormedEqualsEmbedThenNorm) {
 TEST(CudaSkinny, TiledWeightsGiveTheSameBits) {
   REQUIRE_GPU(plain);
 #ifdef DFLASH_CUDA
-  setenv("DFLASH_CUDA_TILED_WEIGHTS", "1", 1);
-  const std::unique_ptr<Backend> tiled = make_cuda_backend();
-  unsetenv("DFLASH_CUDA_TILED_WEIGHTS");
+  const std::unique_ptr<Backend> tiled = cuda_backend_with("DFLASH_CUDA_TILED_WEIGHTS");
   ASSERT_TRUE(tiled);
   std::mt19937 rng(29);
   std::normal_distribution<float> nd(0.f, 1.f);

@@ -78,7 +78,10 @@ class Doctor {
   }
   // A weight on each backend from the same bf16 bytes, as a checkpoint would hand it over.
   std::pair<Tensor, Tensor> weight(int64_t rows, int64_t cols, float scale, bool vector = false) {
-    const auto v = random(rows * cols, scale);
+    return weight_of(random(rows * cols, scale), rows, cols, vector);
+  }
+  // values (rounded to bf16) as a checkpoint's weight, uploaded to both backends.
+  std::pair<Tensor, Tensor> weight_of(const std::vector<float>& v, int64_t rows, int64_t cols, bool vector = false) {
     bf16_.emplace_back(v.size());
     for (size_t i = 0; i < v.size(); ++i) bf16_.back()[i] = f32_to_bf16(v[i]);
     TensorInfo info;
@@ -242,15 +245,7 @@ class Doctor {
     auto w = random(N * H, 1.0f / std::sqrt(float(H)));
     for (const int64_t n : {N / 3, N / 2})
       for (int64_t k = 0; k < H; ++k) w[size_t(n * H + k)] = round_bf16(0.05f * nw[size_t(k)] * x0[size_t(k)]);
-    bf16_.emplace_back(w.size());
-    for (size_t i = 0; i < w.size(); ++i) bf16_.back()[i] = f32_to_bf16(w[i]);
-    TensorInfo info;
-    info.name = "doctor.lm_head";
-    info.dtype = DType::BF16;
-    info.shape = {N, H};
-    info.data = reinterpret_cast<const uint8_t*>(bf16_.back().data());
-    info.nbytes = w.size() * 2;
-    const Tensor wt = t_.upload_weight({&info}), wr = r_.upload_weight({&info});
+    const auto [wt, wr] = weight_of(w, N, H);
     const Tensor nt = to_test(nw, 1, H, DType::F32), nr = r_.upload(nw.data(), 1, H);
     auto normed = [&](Backend& b, const Tensor& x, const Tensor& norm_w) {
       NormedRows r;

@@ -8,6 +8,7 @@
 #include "util/error.h"
 
 namespace dflash {
+
 DecoderLayerWeights load_decoder_layer(Checkpoint& ckpt, Backend& b, const Qwen3Config& c,
                                        const std::string& prefix) {
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
@@ -179,17 +180,16 @@ ForwardOutput Qwen3Model::forward_embedded(SequenceState& state, int64_t T, bool
     // transformers' hidden_states[L] (what drafters are trained on) is taken after the final
     // norm; every earlier entry is the raw residual stream, which the layer's last product
     // copies as it adds (into its first slot, should a layer be listed twice).
-    Tensor copied;
-    if (i + 1 < c.num_hidden_layers)
-      for (size_t k = 0; k < feature_layers.size() && !copied.data; ++k)
-        if (feature_layers[k] == i) copied = out.features.slice_cols(int64_t(k) * H, H);
+    const bool last = i + 1 == c.num_hidden_layers;
+    const size_t first_slot = size_t(std::find(feature_layers.begin(), feature_layers.end(), i) - feature_layers.begin());
+    const bool layer_copies = !last && first_slot < feature_layers.size();
+    Tensor copied = layer_copies ? out.features.slice_cols(int64_t(first_slot) * H, H) : Tensor{};
     decoder_layer_attention_mlp(b, layers_[i], c, rope_, x, normed, next_norm, positions, state.kv(i), pos0, pos0 + T,
-                                AttentionMask::Causal, scratch, copied.data ? &copied : nullptr);
+                                AttentionMask::Causal, scratch, layer_copies ? &copied : nullptr);
     for (size_t k = 0; k < feature_layers.size(); ++k) {
-      if (feature_layers[k] != i) continue;
+      if (feature_layers[k] != i || (layer_copies && k == first_slot)) continue;
       Tensor dst = out.features.slice_cols(int64_t(k) * H, H);
-      if (copied.data && dst.data == copied.data) continue;
-      if (i == c.num_hidden_layers - 1) b.rms_norm(x, final_norm_, eps, H, dst);
+      if (last) b.rms_norm(x, final_norm_, eps, H, dst);
       else b.copy(x, dst);
     }
   }
