@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
+#include <string>
 #include <tuple>
 
 #ifdef DFLASH_CUDA
@@ -468,12 +470,16 @@ TensorInfo bf16_checkpoint_tensor(const std::string& name, int64_t rows, int64_t
 }
 
 #ifdef DFLASH_CUDA
-// A CUDA backend made with the measuring knob `knob`=1 (read when a backend is made), which is
-// unset again.
-std::unique_ptr<Backend> cuda_backend_with(const char* knob) {
-  setenv(knob, "1", 1);
+// A CUDA backend made with the measuring knob `knob` set to `value` (knobs are read when a
+// backend is made); the knob's setting from the environment, if any, is put back afterwards, so
+// a test gets the same two backends whatever the suite runs under.
+std::unique_ptr<Backend> cuda_backend_with(const char* knob, const char* value = "1") {
+  const char* was = std::getenv(knob);
+  const std::optional<std::string> before = was ? std::optional<std::string>(was) : std::nullopt;
+  setenv(knob, value, 1);
   std::unique_ptr<Backend> b = make_cuda_backend();
-  unsetenv(knob);
+  if (before) setenv(knob, before->c_str(), 1);
+  else unsetenv(knob);
   return b;
 }
 #endif
@@ -680,18 +686,19 @@ TEST(CudaSkinny, FusedArgmaxChoosesWhatArgmaxRowsChooses) {
   }
 }
 
-// A feature layer's rows stored by the residual product's epilogue (matmul_add_norm's x_copy,
-// DFLASH_FEATURES_FROM_EPILOGUE=1) against the copy after it (the default backend): the same
+// A feature layer's rows stored by the residual product's epilogue (matmul_add_norm's x_copy, the
+// default) against the copy after it (DFLASH_FEATURES_FROM_EPILOGUE=0): the same
 // residual, normed rows, norm partials and bf16 feature rows, bit for bit, at 1 and 16 rows, into
 // a column slice of a wider features tensor as the target's pass gives it, with the slots beside
 // it left as they were.
 TEST(CudaSkinny, FeatureRowsFromTheEpilogueEqualTheCopy) {
   REQUIRE_GPU(backend);
 #ifdef DFLASH_CUDA
-  const std::unique_ptr<Backend> fused = cuda_backend_with("DFLASH_FEATURES_FROM_EPILOGUE");
-  ASSERT_TRUE(fused);
+  const std::unique_ptr<Backend> fused = cuda_backend_with("DFLASH_FEATURES_FROM_EPILOGUE", "1");
+  const std::unique_ptr<Backend> copied = cuda_backend_with("DFLASH_FEATURES_FROM_EPILOGUE", "0");
+  ASSERT_TRUE(fused && copied);
   ASSERT_TRUE(cuda::features_in_epilogue(*fused));
-  ASSERT_FALSE(cuda::features_in_epilogue(*backend));
+  ASSERT_FALSE(cuda::features_in_epilogue(*copied));
   std::mt19937 rng(35);
   const int64_t H = 4096, I = 12288, slots = 3;
   const std::vector<uint16_t> down = random_bf16_bits(rng, H, I, 0.02f);
@@ -712,7 +719,7 @@ TEST(CudaSkinny, FeatureRowsFromTheEpilogueEqualTheCopy) {
       return std::vector<std::vector<float>>{download(b, x), download(b, normed.h), download(b, normed.partial),
                                              download(b, features)};
     };
-    const auto want = run(*backend), got = run(*fused);
+    const auto want = run(*copied), got = run(*fused);
     const char* parts[] = {"the residual", "the normed rows", "the norm partials", "the features"};
     for (size_t p = 0; p < want.size(); ++p) {
       ASSERT_EQ(got[p].size(), want[p].size()) << M << " rows: " << parts[p];

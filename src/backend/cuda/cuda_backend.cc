@@ -105,8 +105,8 @@ class CudaBackend final : public Backend {
     read_back_ = std::make_unique<ReadBack>(stream_);
     sampling_ = std::make_unique<SamplingOps>(*pool_, stream_, *read_back_, prof_.get());
     if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS"); e && std::string(e) == "1") tile_weights_ = true;
-    if (const char* e = std::getenv("DFLASH_FEATURES_FROM_EPILOGUE"); e && std::string(e) == "1")
-      features_in_epilogue_ = true;
+    if (const char* e = std::getenv("DFLASH_FEATURES_FROM_EPILOGUE"); e && std::string(e) == "0")
+      features_in_epilogue_ = false;
   }
 
   ~CudaBackend() override {
@@ -849,10 +849,10 @@ class CudaBackend final : public Backend {
   };
   bool tile_weights_ = false;
   std::map<const void*, TiledCopy> tiled_;
-  // DFLASH_FEATURES_FROM_EPILOGUE=1 (measuring; off until timed on a GPU): matmul_add_norm's
-  // x_copy (a feature layer's rows) stored by the product's epilogue, not by a copy after it:
-  // one launch fewer for each feature layer of a verification or prefill.
-  bool features_in_epilogue_ = false;
+  // matmul_add_norm's x_copy (a feature layer's rows) stored by the product's epilogue, not by a
+  // copy after it: one launch fewer for each feature layer of a verification or prefill.
+  // DFLASH_FEATURES_FROM_EPILOGUE=0 (measuring): the copy after the product, as before.
+  bool features_in_epilogue_ = true;
 };
 
 int visible_devices() {

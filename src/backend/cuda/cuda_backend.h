@@ -22,7 +22,7 @@ bool has_tiled_copy(const Backend& b, const Tensor& w);
 // the product's kernel here (the GPU test of that path checks first that it does).
 bool fuses_argmax(const Tensor& h, const Tensor& w);
 // Whether `b` (a CUDA backend) stores matmul_add_norm's x_copy from the product's epilogue
-// (DFLASH_FEATURES_FROM_EPILOGUE=1 when it was made) where the fused product runs.
+// (unless DFLASH_FEATURES_FROM_EPILOGUE=0 when it was made) where the fused product runs.
 bool features_in_epilogue(const Backend& b);
 // Device-to-device copy bandwidth (bytes read + bytes written per second) over two buffers
 // of `bytes` each, the best of several timed copies after a warm-up.
