@@ -764,6 +764,11 @@ TEST(CudaEmbed, NormedEqualsEmbedThenNorm) {
         Tensor x = b.alloc(M, H, DType::F32);
         NormedRows normed;
         normed.h = b.alloc(M, H, b.activation_dtype());
+#ifdef DFLASH_CUDA
+        if (fused) {
+          ASSERT_TRUE(cuda::fuses_embed_norm(b, table, x, nw, normed)) << M << " rows: not one launch here";
+        }
+#endif
         if (on_device && fused) b.embed_rows_normed(dev_ids, table, x, nw, 1e-6f, normed);
         if (on_device && !fused) b.Backend::embed_rows_normed(dev_ids, table, x, nw, 1e-6f, normed);
         if (!on_device && fused) b.embed_normed(ids, table, x, nw, 1e-6f, normed);

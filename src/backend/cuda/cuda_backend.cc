@@ -390,9 +390,7 @@ class CudaBackend final : public Backend {
   void matmul_normed_argmax(const NormedRows& in, const Tensor& w, Tensor& ids) override {
     expect_ids(ids, in.h.rows, "matmul_normed_argmax");
     const int64_t M = in.h.rows, N = w.rows, K = in.h.cols;
-    if (!consumable(in, w) || M > kSkinnyMaxRows ||
-        !skinny_argmax_applies(in.h.data, in.h.ld, w.data, w.ld, int(M), int(N), int(K)))
-      return Backend::matmul_normed_argmax(in, w, ids);
+    if (!consumable(in, w) || !fuses_argmax(in.h, w)) return Backend::matmul_normed_argmax(in, w, ids);
     const SkinnyNorm n = consume(in);
     auto scratch = pool_->allocate(skinny_argmax_scratch_bytes(int(M)), "matmul_normed_argmax");
     OpTimer timer(prof_.get(), "matmul_normed_argmax M<=16",
@@ -918,6 +916,12 @@ bool has_tiled_copy(const Backend& b, const Tensor& w) {
 bool features_in_epilogue(const Backend& b) {
   const auto* c = dynamic_cast<const CudaBackend*>(&b);
   return c && c->features_in_epilogue();
+}
+
+bool fuses_embed_norm(const Backend& b, const Tensor& table, const Tensor& x, const Tensor& norm_w,
+                      const NormedRows& out) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&b);
+  return c && c->embed_fusable(table, x, norm_w, out);
 }
 
 bool fuses_argmax(const Tensor& h, const Tensor& w) {

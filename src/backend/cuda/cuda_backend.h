@@ -9,6 +9,7 @@
 namespace dflash {
 class Backend;
 struct Tensor;
+struct NormedRows;
 }
 
 namespace dflash::cuda {
@@ -21,6 +22,10 @@ bool has_tiled_copy(const Backend& b, const Tensor& w);
 // Whether matmul_normed_argmax over rows h (bf16, a deferred norm's) and weight w chooses inside
 // the product's kernel here (the GPU test of that path checks first that it does).
 bool fuses_argmax(const Tensor& h, const Tensor& w);
+// Whether `b` (a CUDA backend) runs embed_normed / embed_rows_normed into x and out.h as one
+// launch (embed_norm_emit) for this table and norm (the GPU test of that path checks first).
+bool fuses_embed_norm(const Backend& b, const Tensor& table, const Tensor& x, const Tensor& norm_w,
+                      const NormedRows& out);
 // Whether `b` (a CUDA backend) stores matmul_add_norm's x_copy from the product's epilogue
 // (unless DFLASH_FEATURES_FROM_EPILOGUE=0 when it was made) where the fused product runs.
 bool features_in_epilogue(const Backend& b);
