@@ -623,7 +623,13 @@ TEST(CudaSkinny, UploadedWeightsRowsInBlocksEqualRowsAlone) {
 // second launch finds the ticket counter set back.
 TEST(CudaSkinny, FusedArgmaxChoosesWhatArgmaxRowsChooses) {
   REQUIRE_GPU(backend);
+#ifdef DFLASH_CUDA
+  const std::unique_ptr<Backend> fusing = cuda_backend_with("DFLASH_FUSED_ARGMAX", "1");
+  ASSERT_TRUE(fusing);
+  Backend& b = *fusing;
+#else
   Backend& b = *backend;
+#endif
   RandomTensors tensor{b, 16};
   std::mt19937 rng(33);
   const int64_t M = 16;
@@ -661,7 +667,7 @@ TEST(CudaSkinny, FusedArgmaxChoosesWhatArgmaxRowsChooses) {
     std::fill(bits.begin() + nan_col * K, bits.begin() + (nan_col + 1) * K, uint16_t(0x7fc0));
     const Tensor w = upload();
 #ifdef DFLASH_CUDA
-    ASSERT_TRUE(cuda::fuses_argmax(normed_rows(0, M).h, w)) << shape << "the fused path does not apply";
+    ASSERT_TRUE(cuda::fuses_argmax(b, normed_rows(0, M).h, w)) << shape << "the fused path does not apply";
 #endif
     const Tensor y = logits(w);
     const auto yv = download(b, y);
@@ -748,7 +754,13 @@ TEST(CudaSkinny, FeatureRowsFromTheEpilogueEqualTheCopy) {
 // the host.
 TEST(CudaEmbed, NormedEqualsEmbedThenNorm) {
   REQUIRE_GPU(backend);
+#ifdef DFLASH_CUDA
+  const std::unique_ptr<Backend> fusing = cuda_backend_with("DFLASH_FUSED_EMBED_NORM", "1");
+  ASSERT_TRUE(fusing);
+  Backend& b = *fusing;
+#else
   Backend& b = *backend;
+#endif
   RandomTensors tensor{b, 17};
   const int64_t V = 1000, H = 4096, N = 1024;
   const Tensor table = tensor(V, H, 1.f, DType::BF16), nw = tensor(1, H, 1.f, DType::F32);

@@ -107,6 +107,8 @@ class CudaBackend final : public Backend {
     if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS"); e && std::string(e) == "1") tile_weights_ = true;
     if (const char* e = std::getenv("DFLASH_FEATURES_FROM_EPILOGUE"); e && std::string(e) == "0")
       features_in_epilogue_ = false;
+    if (const char* e = std::getenv("DFLASH_FUSED_ARGMAX"); e && std::string(e) == "0") fuse_argmax_ = false;
+    if (const char* e = std::getenv("DFLASH_FUSED_EMBED_NORM"); e && std::string(e) == "0") fuse_embed_norm_ = false;
   }
 
   ~CudaBackend() override {
@@ -217,6 +219,12 @@ class CudaBackend final : public Backend {
                : nullptr;
   }
   bool features_in_epilogue() const { return features_in_epilogue_; }
+  // Where matmul_normed_argmax chooses inside the product's kernel (skinny_matmul_argmax).
+  bool argmax_fusable(const Tensor& h, const Tensor& w) const {
+    return fuse_argmax_ && h.dtype == DType::BF16 && w.dtype == DType::BF16 && w.cols == h.cols &&
+           h.rows <= kSkinnyMaxRows &&
+           skinny_argmax_applies(h.data, h.ld, w.data, w.ld, int(h.rows), int(w.rows), int(h.cols));
+  }
 
   Tensor upload(const float* host, int64_t rows, int64_t cols) override {
     Tensor t = alloc(rows, cols, DType::F32);
@@ -390,7 +398,7 @@ class CudaBackend final : public Backend {
   void matmul_normed_argmax(const NormedRows& in, const Tensor& w, Tensor& ids) override {
     expect_ids(ids, in.h.rows, "matmul_normed_argmax");
     const int64_t M = in.h.rows, N = w.rows, K = in.h.cols;
-    if (!consumable(in, w) || !fuses_argmax(in.h, w)) return Backend::matmul_normed_argmax(in, w, ids);
+    if (!consumable(in, w) || !argmax_fusable(in.h, w)) return Backend::matmul_normed_argmax(in, w, ids);
     const SkinnyNorm n = consume(in);
     auto scratch = pool_->allocate(skinny_argmax_scratch_bytes(int(M)), "matmul_normed_argmax");
     OpTimer timer(prof_.get(), "matmul_normed_argmax M<=16",
@@ -678,13 +686,8 @@ class CudaBackend final : public Backend {
 
   // The embedding and the first deferred norm of a pass as one launch (embed_norm_emit): where
   // the norm would be deferred (rows of a decode or verification step) and the rows align.
-  // DFLASH_FUSED_EMBED_NORM=0 (measuring): the two launches, as before.
   bool embed_fusable(const Tensor& table, const Tensor& x, const Tensor& norm_w, const NormedRows& out) const {
-    static const bool enabled = [] {
-      const char* e = std::getenv("DFLASH_FUSED_EMBED_NORM");
-      return !(e && std::strcmp(e, "0") == 0);
-    }();
-    return enabled && deferrable(x, norm_w, out.h) && (on_device(table, DType::BF16) || on_device(table, DType::F32)) &&
+    return fuse_embed_norm_ && deferrable(x, norm_w, out.h) && (on_device(table, DType::BF16) || on_device(table, DType::F32)) &&
            table.cols == x.cols &&
            embed_norm_emit_applies(table.data, table.ld, elem_of(table, "embed"), x.ptr<float>(), x.ld,
                                    norm_w.ptr<float>(), out.h.ptr<__nv_bfloat16>(), out.h.ld, x.cols);
@@ -851,6 +854,12 @@ class CudaBackend final : public Backend {
   // copy after it: one launch fewer for each feature layer of a verification or prefill.
   // DFLASH_FEATURES_FROM_EPILOGUE=0 (measuring): the copy after the product, as before.
   bool features_in_epilogue_ = true;
+  // The greedy choice inside the LM head's product (matmul_normed_argmax) and the embedding inside
+  // the first norm (embed_fusable). Measuring knobs, read when the backend is made, as the one
+  // above: DFLASH_FUSED_ARGMAX=0 runs the product then argmax_rows, DFLASH_FUSED_EMBED_NORM=0 the
+  // embedding then the norm, as before.
+  bool fuse_argmax_ = true;
+  bool fuse_embed_norm_ = true;
 };
 
 int visible_devices() {
@@ -924,9 +933,9 @@ bool fuses_embed_norm(const Backend& b, const Tensor& table, const Tensor& x, co
   return c && c->embed_fusable(table, x, norm_w, out);
 }
 
-bool fuses_argmax(const Tensor& h, const Tensor& w) {
-  return h.dtype == DType::BF16 && w.dtype == DType::BF16 && w.cols == h.cols && h.rows <= kSkinnyMaxRows &&
-         skinny_argmax_applies(h.data, h.ld, w.data, w.ld, int(h.rows), int(w.rows), int(h.cols));
+bool fuses_argmax(const Backend& b, const Tensor& h, const Tensor& w) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&b);
+  return c && c->argmax_fusable(h, w);
 }
 
 }  // namespace cuda

@@ -19,11 +19,13 @@ std::string device_summary();
 // Whether `b` (a CUDA backend) keeps a pre-tiled copy of weight w for the skinny products
 // (DFLASH_CUDA_TILED_WEIGHTS=1 when it was made): what the GPU test of that path checks first.
 bool has_tiled_copy(const Backend& b, const Tensor& w);
-// Whether matmul_normed_argmax over rows h (bf16, a deferred norm's) and weight w chooses inside
-// the product's kernel here (the GPU test of that path checks first that it does).
-bool fuses_argmax(const Tensor& h, const Tensor& w);
+// Whether `b` (a CUDA backend) runs matmul_normed_argmax over rows h (bf16, a deferred norm's) and
+// weight w choosing inside the product's kernel (unless DFLASH_FUSED_ARGMAX=0 when it was made;
+// the GPU test of that path checks first that it does).
+bool fuses_argmax(const Backend& b, const Tensor& h, const Tensor& w);
 // Whether `b` (a CUDA backend) runs embed_normed / embed_rows_normed into x and out.h as one
-// launch (embed_norm_emit) for this table and norm (the GPU test of that path checks first).
+// launch (embed_norm_emit) for this table and norm (unless DFLASH_FUSED_EMBED_NORM=0 when it was
+// made; the GPU test of that path checks first).
 bool fuses_embed_norm(const Backend& b, const Tensor& table, const Tensor& x, const Tensor& norm_w,
                       const NormedRows& out);
 // Whether `b` (a CUDA backend) stores matmul_add_norm's x_copy from the product's epilogue

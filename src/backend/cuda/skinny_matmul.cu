@@ -1272,13 +1272,8 @@ size_t skinny_argmax_scratch_bytes(int M) {
 bool skinny_matmul_argmax(const void* x, int64_t ldx, const void* w, int64_t ldw, float* y, int64_t ldy, int M, int N,
                           int K, bool w_uploaded, const SkinnyNorm& norm, int32_t* ids, int64_t ld_ids, void* scratch,
                           cudaStream_t s) {
-  // DFLASH_FUSED_ARGMAX=0 (measuring): the product, then argmax_rows, as before.
-  static const bool enabled = [] {
-    const char* e = std::getenv("DFLASH_FUSED_ARGMAX");
-    return !(e && std::string(e) == "0");
-  }();
   const MmaSettings& ms = mma_settings();
-  if (!enabled || M < 1 || M > 16 || N <= 0 || !skinny_mma_applies(x, ldx, w, ldw, K) || ms.persist != 2) return false;
+  if (M < 1 || M > 16 || N <= 0 || !skinny_mma_applies(x, ldx, w, ldw, K) || ms.persist != 2) return false;
   // The plain product's tiling, so that the logits (and so the ids) are those of skinny_matmul.
   const MmaTiling tl = mma_tiling(N, K, ms.target_warps, ms.block_slots);
   const int block_cols = (kWarps / tl.S) * tl.NT * 8;
