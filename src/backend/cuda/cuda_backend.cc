@@ -104,11 +104,14 @@ class CudaBackend final : public Backend {
     timeline_ = Timeline::from_env();
     read_back_ = std::make_unique<ReadBack>(stream_);
     sampling_ = std::make_unique<SamplingOps>(*pool_, stream_, *read_back_, prof_.get());
-    if (const char* e = std::getenv("DFLASH_CUDA_TILED_WEIGHTS"); e && std::string(e) == "1") tile_weights_ = true;
-    if (const char* e = std::getenv("DFLASH_FEATURES_FROM_EPILOGUE"); e && std::string(e) == "0")
-      features_in_epilogue_ = false;
-    if (const char* e = std::getenv("DFLASH_FUSED_ARGMAX"); e && std::string(e) == "0") fuse_argmax_ = false;
-    if (const char* e = std::getenv("DFLASH_FUSED_EMBED_NORM"); e && std::string(e) == "0") fuse_embed_norm_ = false;
+    auto knob_is = [](const char* knob, const char* value) {
+      const char* e = std::getenv(knob);
+      return e && std::strcmp(e, value) == 0;
+    };
+    tile_weights_ = knob_is("DFLASH_CUDA_TILED_WEIGHTS", "1");
+    features_in_epilogue_ = !knob_is("DFLASH_FEATURES_FROM_EPILOGUE", "0");
+    fuse_argmax_ = !knob_is("DFLASH_FUSED_ARGMAX", "0");
+    fuse_embed_norm_ = !knob_is("DFLASH_FUSED_EMBED_NORM", "0");
   }
 
   ~CudaBackend() override {
