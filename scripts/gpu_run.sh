@@ -5,6 +5,7 @@
 # forced, hf_side_by_side.json, ncu). Run from the repository root:
 #
 #   scripts/gpu_run.sh            # all steps
+#   REQUIRE_CARD=H200 scripts/gpu_run.sh   # only on an H200; any other card: stop at once
 #   STEPS="build doctor" scripts/gpu_run.sh
 #   STEPS="build prefill" PREFILL_LENS="512 4096" PREFILL_AB="DFLASH_ATTN_PREFILL=rows" scripts/gpu_run.sh
 #   STEPS="build bench ab" AB="DFLASH_CUDA_PDL=0|" scripts/gpu_run.sh   # A/B under settings
@@ -53,6 +54,16 @@ fi
 
 OUT=${OUT:-/tmp/dflash-gpu-out}
 mkdir -p "$OUT"
+# REQUIRE_CARD=H200: run only where the card's name holds that text, and otherwise stop at once
+# (status 0) so the caller can give the machine back. A call that asks for an H200 may be given
+# an H100, and the figures are for the H200.
+if [[ -n ${REQUIRE_CARD:-} ]]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if [[ $card != *"$REQUIRE_CARD"* ]]; then
+    echo "REQUIRE_CARD=$REQUIRE_CARD: this card is '${card:-none found}'; nothing run" | tee "$OUT/log.txt"
+    exit 0
+  fi
+fi
 STEPS=${STEPS:-"env build tests doctor pycode bench prefill forced sampled hf"}
 Q8B=${Q8B:-build-gpu/q8b}  # synthesised weights: kept between calls while the machine stays warm
 TEST_FILTER=${TEST_FILTER:-'*Cuda*'}
